@@ -1,0 +1,48 @@
+#include "titan/config/builtin_configs.h"
+
+#include "titan/config/job_config.h"
+
+namespace titan::config {
+
+namespace {
+// torchtitan's qwen3 config functions, sized for this CPU where noted.
+JobConfig qwen3_debugmodel() {
+  JobConfig c;
+  c.model.flavor = "debugmodel";
+  // torchtitan trains debugmodel with 8 × 2048 tokens per step on a GPU; a 2-core CPU gets
+  // 4 × 256 so the loss visibly falls within two minutes.
+  c.training.local_batch_size = 4;
+  c.training.seq_len = 256;
+  c.training.steps = 200;
+  c.optimizer.lr = 8e-4;
+  c.lr_scheduler.warmup_steps = 2;
+  c.lr_scheduler.decay_ratio = 0.8;
+  c.metrics.log_freq = 10;
+  c.debug.seed = 42;
+  return c;
+}
+
+JobConfig flavor_config(const char* flavor, double lr, int64_t warmup) {
+  JobConfig c;
+  c.model.flavor = flavor;
+  c.training.local_batch_size = 1;
+  c.training.seq_len = 4096;
+  c.training.steps = 1000;
+  c.optimizer.lr = lr;
+  c.lr_scheduler.warmup_steps = warmup;
+  c.metrics.log_freq = 1;
+  return c;
+}
+}  // namespace
+
+void register_builtin_configs() {
+  register_config("qwen3_debugmodel", qwen3_debugmodel);
+  register_config("qwen3_0_6b", [] { return flavor_config("0.6B", 3e-4, 20); });
+  register_config("qwen3_1_7b", [] { return flavor_config("1.7B", 8e-4, 20); });
+  register_config("qwen3_4b", [] { return flavor_config("4B", 3e-4, 600); });
+  register_config("qwen3_8b", [] { return flavor_config("8B", 3e-4, 200); });
+  register_config("qwen3_14b", [] { return flavor_config("14B", 3e-4, 600); });
+  register_config("qwen3_32b", [] { return flavor_config("32B", 8e-4, 600); });
+}
+
+}  // namespace titan::config

@@ -1,0 +1,258 @@
+#include "titan/config/job_config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "titan/core/error.h"
+
+namespace titan::config {
+
+std::vector<Field> fields(JobConfig& c) {
+  return {
+      {"dump_folder", &c.dump_folder, "folder for metrics and checkpoints"},
+      {"model.name", &c.model.name, "model family (qwen3)"},
+      {"model.flavor", &c.model.flavor, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B"},
+      {"model.n_layers", &c.model.n_layers, "override the flavor's layer count (0: keep)"},
+      {"model.dim", &c.model.dim, "override the hidden size (0: keep)"},
+      {"model.n_heads", &c.model.n_heads, "override the query heads (0: keep)"},
+      {"model.n_kv_heads", &c.model.n_kv_heads, "override the key/value heads (0: keep)"},
+      {"model.head_dim", &c.model.head_dim, "override the head dimension (0: keep)"},
+      {"model.hidden_dim", &c.model.hidden_dim, "override the SwiGLU hidden size (0: keep)"},
+      {"model.vocab_size", &c.model.vocab_size, "override the vocabulary size (0: keep)"},
+      {"model.rope_theta", &c.model.rope_theta, "override the RoPE base (0: keep)"},
+      {"model.attn_mask_type", &c.model.attn_mask_type, "block_causal or causal"},
+      {"training.local_batch_size", &c.training.local_batch_size, "sequences per microbatch"},
+      {"training.global_batch_size", &c.training.global_batch_size,
+       "sequences per step (-1: local × data-parallel degree); a multiple gives accumulation"},
+      {"training.seq_len", &c.training.seq_len, "tokens per sequence"},
+      {"training.max_norm", &c.training.max_norm, "gradient clipping L2 norm"},
+      {"training.steps", &c.training.steps, "optimizer steps"},
+      {"optimizer.name", &c.optimizer.name, "AdamW"},
+      {"optimizer.lr", &c.optimizer.lr, "learning rate"},
+      {"optimizer.beta1", &c.optimizer.beta1, "AdamW beta1"},
+      {"optimizer.beta2", &c.optimizer.beta2, "AdamW beta2"},
+      {"optimizer.eps", &c.optimizer.eps, "AdamW epsilon"},
+      {"optimizer.weight_decay", &c.optimizer.weight_decay, "decoupled weight decay"},
+      {"lr_scheduler.warmup_steps", &c.lr_scheduler.warmup_steps, "linear warmup steps"},
+      {"lr_scheduler.decay_ratio", &c.lr_scheduler.decay_ratio,
+       "fraction of steps spent decaying (<0: all steps after warmup)"},
+      {"lr_scheduler.decay_type", &c.lr_scheduler.decay_type, "linear, sqrt or cosine"},
+      {"lr_scheduler.min_lr_factor", &c.lr_scheduler.min_lr_factor, "floor of the decay"},
+      {"metrics.log_freq", &c.metrics.log_freq, "log every N steps (and step 1)"},
+      {"metrics.disable_color_printing", &c.metrics.disable_color_printing, "plain console"},
+      {"metrics.enable_jsonl", &c.metrics.enable_jsonl, "write {dump_folder}/metrics.jsonl"},
+      {"metrics.peak_flops", &c.metrics.peak_flops,
+       "peak FLOP/s for MFU (0: measure with a GEMM probe)"},
+      {"dataloader.dataset", &c.dataloader.dataset, "built-in source: fortunes or text"},
+      {"dataloader.dataset_path", &c.dataloader.dataset_path, "file or directory of text"},
+      {"dataloader.tokenizer", &c.dataloader.tokenizer, "byte"},
+      {"dataloader.shuffle", &c.dataloader.shuffle, "reshuffle documents each later epoch"},
+      {"dataloader.seed", &c.dataloader.seed, "shuffle seed"},
+      {"loss.num_chunks", &c.loss.num_chunks, "lm_head + cross-entropy chunks"},
+      {"debug.seed", &c.debug.seed, "seed for init and data (-1: none)"},
+      {"debug.print_config", &c.debug.print_config, "print the resolved config at start"},
+  };
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+namespace {
+
+std::string nearest(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  size_t bd = SIZE_MAX;
+  for (const auto& n : names) {
+    size_t d = edit_distance(name, n);
+    if (d < bd) {
+      bd = d;
+      best = n;
+    }
+  }
+  return best;
+}
+
+void parse_value(const std::string& flag, const std::string& value, FieldRef ref) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          *p = value;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (value == "true" || value == "True" || value == "1")
+            *p = true;
+          else if (value == "false" || value == "False" || value == "0")
+            *p = false;
+          else
+            throw Error("--" + flag + " expects true or false, got '" + value + "'");
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          errno = 0;
+          char* end = nullptr;
+          long long v = std::strtoll(value.c_str(), &end, 10);
+          if (value.empty() || *end != '\0' || errno == ERANGE)
+            throw Error("--" + flag + " expects an integer, got '" + value + "'");
+          *p = v;
+        } else {
+          errno = 0;
+          char* end = nullptr;
+          double v = std::strtod(value.c_str(), &end);
+          if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+            throw Error("--" + flag + " expects a number, got '" + value + "'");
+          *p = v;
+        }
+      },
+      ref);
+}
+
+}  // namespace
+
+void apply_flags(JobConfig& c, const std::vector<std::string>& args) {
+  std::vector<Field> fs = fields(c);
+  std::vector<std::string> names;
+  for (const auto& f : fs) names.push_back(f.name);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2)
+      throw Error("unexpected argument '" + a + "'; options look like --section.field value");
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto it = std::find_if(fs.begin(), fs.end(), [&](const Field& f) { return f.name == name; });
+    if (it == fs.end())
+      throw Error("unknown option --" + name + "; did you mean --" + nearest(name, names) +
+                  "? ('titan config show' lists every field)");
+    if (!has_value) {
+      if (std::holds_alternative<bool*>(it->ref)) {
+        bool next_is_bool = i + 1 < args.size() &&
+                            (args[i + 1] == "true" || args[i + 1] == "false" ||
+                             args[i + 1] == "True" || args[i + 1] == "False");
+        value = next_is_bool ? args[++i] : "true";
+      } else {
+        if (i + 1 >= args.size()) throw Error("--" + name + " needs a value");
+        value = args[++i];
+      }
+    }
+    parse_value(name, value, it->ref);
+  }
+}
+
+std::string to_string(JobConfig& c) {
+  std::ostringstream os;
+  std::string section;
+  for (const auto& f : fields(c)) {
+    auto dot = f.name.find('.');
+    std::string sec = dot == std::string::npos ? "" : f.name.substr(0, dot);
+    std::string key = dot == std::string::npos ? f.name : f.name.substr(dot + 1);
+    if (sec != section) {
+      os << "\n[" << sec << "]\n";
+      section = sec;
+    }
+    os << key << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::string>)
+            os << '"' << *p << '"';
+          else if constexpr (std::is_same_v<T, bool>)
+            os << (*p ? "true" : "false");
+          else
+            os << *p;
+        },
+        f.ref);
+    os << "\n";
+  }
+  return os.str();
+}
+
+qwen3::Qwen3Args resolve_model(const JobConfig& c) {
+  check(c.model.name == "qwen3", "model.name '" + c.model.name + "' is not supported; use qwen3");
+  qwen3::Qwen3Args a = qwen3::flavor(c.model.flavor);
+  auto over = [](int64_t v, int64_t& dst) {
+    if (v != 0) dst = v;
+  };
+  over(c.model.n_layers, a.n_layers);
+  over(c.model.dim, a.dim);
+  over(c.model.n_heads, a.n_heads);
+  over(c.model.n_kv_heads, a.n_kv_heads);
+  over(c.model.head_dim, a.head_dim);
+  over(c.model.hidden_dim, a.hidden_dim);
+  over(c.model.vocab_size, a.vocab_size);
+  if (c.model.rope_theta != 0) a.rope_theta = c.model.rope_theta;
+  a.attn_mask_type = c.model.attn_mask_type;
+  a.validate();
+  return a;
+}
+
+void validate(const JobConfig& c) {
+  qwen3::Qwen3Args a = resolve_model(c);
+  const auto& t = c.training;
+  check(t.local_batch_size > 0, "training.local_batch_size must be positive");
+  check(t.seq_len > 0, "training.seq_len must be positive");
+  check(t.seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(t.seq_len) +
+                                        " exceeds the maximum context of flavor '" +
+                                        c.model.flavor + "' (" + std::to_string(a.max_seq_len) +
+                                        ")");
+  check(t.steps > 0, "training.steps must be positive");
+  check(t.max_norm > 0, "training.max_norm must be positive");
+  check(t.global_batch_size == -1 ||
+            (t.global_batch_size > 0 && t.global_batch_size % t.local_batch_size == 0),
+        "training.global_batch_size (" + std::to_string(t.global_batch_size) +
+            ") must be -1 or a multiple of training.local_batch_size (" +
+            std::to_string(t.local_batch_size) + ")");
+  check(c.optimizer.name == "AdamW", "optimizer.name '" + c.optimizer.name + "' is not supported; use AdamW");
+  check(c.optimizer.lr >= 0, "optimizer.lr must not be negative");
+  check(c.lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
+  const std::string& dt = c.lr_scheduler.decay_type;
+  check(dt == "linear" || dt == "sqrt" || dt == "cosine",
+        "lr_scheduler.decay_type '" + dt + "' must be linear, sqrt or cosine");
+  check(c.lr_scheduler.decay_ratio < 0 || c.lr_scheduler.decay_ratio <= 1,
+        "lr_scheduler.decay_ratio must be in [0, 1] (or negative for none)");
+  check(c.metrics.log_freq > 0, "metrics.log_freq must be positive");
+  check(c.loss.num_chunks > 0, "loss.num_chunks must be positive");
+  check(c.dataloader.tokenizer == "byte",
+        "dataloader.tokenizer '" + c.dataloader.tokenizer + "' is not available; use byte");
+}
+
+namespace {
+std::map<std::string, ConfigFn>& registry() {
+  static std::map<std::string, ConfigFn> r;
+  return r;
+}
+}  // namespace
+
+void register_config(const std::string& name, ConfigFn fn) { registry()[name] = std::move(fn); }
+
+std::vector<std::string> config_names() {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : registry()) n.push_back(k);
+  return n;
+}
+
+JobConfig make_config(const std::string& name) {
+  auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::string names;
+    for (const auto& n : config_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("unknown config '" + name + "'; available: " + names);
+  }
+  return it->second();
+}
+
+}  // namespace titan::config

@@ -1,0 +1,113 @@
+// The trainer's configuration tree, torchtitan's section and field names. Plain structs, made
+// reflectable by fields(): every field is visited by its dotted name, for flags, printing and
+// (later) TOML files.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "titan/models/qwen3/args.h"
+
+namespace titan::config {
+
+struct ModelConfig {
+  std::string name = "qwen3";
+  std::string flavor = "debugmodel";
+  // Overrides of the flavor; 0 (or "") keeps the flavor's value.
+  int64_t n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden_dim = 0,
+          vocab_size = 0;
+  double rope_theta = 0;
+  std::string attn_mask_type = "block_causal";
+};
+
+struct TrainingConfig {
+  int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;  // -1: local_batch_size × data-parallel degree
+  int64_t seq_len = 2048;
+  double max_norm = 1.0;
+  int64_t steps = 10000;
+};
+
+struct OptimizerConfig {
+  std::string name = "AdamW";
+  double lr = 8e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+struct LRSchedulerConfig {
+  int64_t warmup_steps = 200;
+  double decay_ratio = -1;  // < 0: None (decay starts right after warmup)
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+};
+
+struct MetricsConfig {
+  int64_t log_freq = 10;
+  bool disable_color_printing = false;
+  bool enable_jsonl = true;   // {dump_folder}/metrics.jsonl
+  double peak_flops = 0;      // FLOP/s for MFU; 0 = measure with a GEMM probe at start
+};
+
+struct DataLoaderConfig {
+  std::string dataset = "fortunes";  // built-in source name
+  std::string dataset_path;          // files or a directory; empty: the source's default
+  std::string tokenizer = "byte";    // byte-level tokenizer (256 bytes + BOS/EOS/pad)
+  bool shuffle = true;               // reshuffle documents each epoch after the first
+  int64_t seed = 42;
+};
+
+struct LossConfig {
+  int64_t num_chunks = 8;  // lm_head + cross-entropy chunks per microbatch
+};
+
+struct DebugConfig {
+  int64_t seed = -1;  // -1: None (seed 0 is then used for the init)
+  bool print_config = false;
+};
+
+struct JobConfig {
+  std::string dump_folder = "./outputs";
+  ModelConfig model;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  LRSchedulerConfig lr_scheduler;
+  MetricsConfig metrics;
+  DataLoaderConfig dataloader;
+  LossConfig loss;
+  DebugConfig debug;
+};
+
+// A reference to one field of a JobConfig, by dotted name.
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*>;
+struct Field {
+  std::string name;
+  FieldRef ref;
+  std::string help;
+};
+std::vector<Field> fields(JobConfig& c);
+
+// Applies "--a.b value", "--a.b=value" and boolean "--a.b" flags in order. Throws titan::Error
+// naming the flag (and the nearest valid name for an unknown one) or the bad value.
+void apply_flags(JobConfig& c, const std::vector<std::string>& args);
+
+// The config as TOML-like sections, one "name = value" per field.
+std::string to_string(JobConfig& c);
+
+// Model arguments: the flavor with the config's overrides applied, validated.
+qwen3::Qwen3Args resolve_model(const JobConfig& c);
+
+// Checks cross-field rules (batch sizes, seq_len against the flavor, schedule, ...).
+void validate(const JobConfig& c);
+
+// Config functions registered by name.
+using ConfigFn = std::function<JobConfig()>;
+void register_config(const std::string& name, ConfigFn fn);
+std::vector<std::string> config_names();
+// The named config; throws titan::Error listing the available names for an unknown one.
+JobConfig make_config(const std::string& name);
+
+// Edit distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace titan::config

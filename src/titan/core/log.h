@@ -1,0 +1,13 @@
+// Logging in torchtitan's console format: "[titan] 2026-11-29 14:00:00,123 - root - INFO - msg".
+#pragma once
+#include <string>
+
+namespace titan::log {
+
+void info(const std::string& msg);
+void warn(const std::string& msg);
+// Colors on the console (torchtitan's metrics colors); off when stdout is not a TTY or when disabled.
+void set_color(bool enabled);
+bool color();
+
+}  // namespace titan::log

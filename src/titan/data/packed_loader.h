@@ -1,0 +1,41 @@
+// torchtitan's text packing (torchtitan.md §5): each document is tokenized with BOS and EOS,
+// shifted inside the document (input = ids[:-1], label = ids[1:]), given positions 0,1,2,...
+// (modulo seq_len), concatenated and cut into rows of exactly seq_len tokens; a row's leading
+// partial document is re-based to start at position 0. Rank r of N data-parallel ranks reads
+// documents r, r+N, ...; epoch 0 keeps file order, later epochs are reshuffled (seed + epoch).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "titan/data/byte_tokenizer.h"
+
+namespace titan::data {
+
+struct LoaderOptions {
+  int64_t batch = 1, seq_len = 2048;
+  int64_t dp_rank = 0, dp_world = 1;
+  bool shuffle = true;
+  uint64_t seed = 42;
+};
+
+class PackedLoader {
+ public:
+  PackedLoader(std::vector<std::string> docs, const ByteTokenizer& tok, const LoaderOptions& opt);
+
+  // Fills input/labels/positions, each [batch × seq_len]. Repeats the data forever.
+  void next(int32_t* input, int32_t* labels, int32_t* positions);
+  int64_t epoch() const { return epoch_; }
+
+ private:
+  void refill();
+  std::vector<std::string> docs_;
+  ByteTokenizer tok_;
+  LoaderOptions opt_;
+  std::vector<int64_t> order_;  // this rank's documents for the current epoch
+  int64_t cursor_ = 0, epoch_ = 0;
+  std::vector<int32_t> in_, lab_, pos_, ids_;  // pending tokens
+  size_t head_ = 0;
+};
+
+}  // namespace titan::data

@@ -1,0 +1,295 @@
+#include "titan/ops/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "titan/ops/simd.h"
+
+namespace titan::ops {
+namespace {
+
+constexpr int64_t kBr = 64;  // query rows per tile
+constexpr int64_t kBc = 64;  // keys per tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Tile micro-kernels. Each inner loop is an axpy over a contiguous row, which vectorizes.
+
+// St[i, 0:nc] = Σ_k a[i, k] · Bt[k, 0:nc]   (a: [nr, d] stride lda; Bt: [d, kBc])
+TITAN_CLONES void tile_abt(const float* a, int64_t lda, const float* bt, int64_t nr, int64_t nc,
+                           int64_t d, float* st) {
+  for (int64_t i = 0; i < nr; ++i) {
+    float* row = st + i * kBc;
+    for (int64_t j = 0; j < kBc; ++j) row[j] = 0.f;
+    const float* ai = a + i * lda;
+    for (int64_t k = 0; k < d; ++k) {
+      const float aik = ai[k];
+      const float* b = bt + k * kBc;
+      for (int64_t j = 0; j < kBc; ++j) row[j] += aik * b[j];
+    }
+  }
+  (void)nc;
+}
+
+// out[i, 0:d] += Σ_j p[i, j] · b[j, 0:d]   (p: [nr, kBc]; b rows with stride ldb)
+TITAN_CLONES void tile_pb(const float* p, const float* b, int64_t ldb, int64_t nr, int64_t nc,
+                          int64_t d, float* out, int64_t ldo) {
+  for (int64_t i = 0; i < nr; ++i) {
+    float* o = out + i * ldo;
+    for (int64_t j = 0; j < nc; ++j) {
+      const float pij = p[i * kBc + j];
+      if (pij == 0.f) continue;
+      const float* bj = b + j * ldb;
+      for (int64_t k = 0; k < d; ++k) o[k] += pij * bj[k];
+    }
+  }
+}
+
+// out[j, 0:d] += Σ_i p[i, j] · a[i, 0:d]   (transposed use of the tile)
+TITAN_CLONES void tile_ptb(const float* p, const float* a, int64_t lda, int64_t nr, int64_t nc,
+                           int64_t d, float* out, int64_t ldo) {
+  for (int64_t j = 0; j < nc; ++j) {
+    float* o = out + j * ldo;
+    for (int64_t i = 0; i < nr; ++i) {
+      const float pij = p[i * kBc + j];
+      if (pij == 0.f) continue;
+      const float* ai = a + i * lda;
+      for (int64_t k = 0; k < d; ++k) o[k] += pij * ai[k];
+    }
+  }
+}
+
+// Row-wise: p[j] = exp(s[j]·1 - m) for visible j, else 0; returns Σ p.
+TITAN_CLONES float exp_row(float* s, float m, int64_t n) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    float e = s[j] == kNegInf ? 0.f : exp_fast(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// bt[k, j] = src[j, k] for j < nc (rows of src with stride ld), zero-padded to kBc columns.
+void transpose_tile(const float* src, int64_t ld, int64_t nc, int64_t d, float* bt) {
+  for (int64_t k = 0; k < d; ++k) {
+    float* dst = bt + k * kBc;
+    for (int64_t j = 0; j < nc; ++j) dst[j] = src[j * ld + k];
+    for (int64_t j = nc; j < kBc; ++j) dst[j] = 0.f;
+  }
+}
+
+// Fills the [nr, kBc] score tile st = (qs · kᵀ) with the mask applied (-inf where hidden).
+// q rows are already scaled. Rows i0.., keys j0.. within one sequence.
+void masked_scores(const float* qs, int64_t ldqs, const float* kt, int64_t i0, int64_t nr,
+                   int64_t j0, int64_t nc, int64_t d, const int32_t* seg, float* st) {
+  tile_abt(qs, ldqs, kt, nr, nc, d, st);
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t qi = i0 + i, lo = seg[qi];
+    float* row = st + i * kBc;
+    for (int64_t j = 0; j < kBc; ++j) {
+      const int64_t kj = j0 + j;
+      if (j >= nc || kj > qi || kj < lo) row[j] = kNegInf;
+    }
+  }
+}
+
+// Key-tile range [kb0, kb1) that query rows [i0, i1) can see.
+inline void key_tiles(const int32_t* seg, int64_t i0, int64_t i1, int64_t* kb0, int64_t* kb1) {
+  int64_t lo = seg[i0];
+  for (int64_t i = i0; i < i1; ++i) lo = std::min<int64_t>(lo, seg[i]);
+  *kb0 = lo / kBc;
+  *kb1 = (i1 - 1) / kBc + 1;
+}
+
+}  // namespace
+
+void attention_segments(const int32_t* positions, int64_t B, int64_t S, bool block_causal,
+                        int32_t* seg_start) {
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      if (block_causal && i > 0 && positions[b * S + i] == 0) start = static_cast<int32_t>(i);
+      seg_start[b * S + i] = start;
+    }
+  }
+}
+
+int64_t attention_scratch(const AttnShape& s) {
+  // qs[Br,d] + kt[d,Bc] + vt[d,Bc] + st[Br,Bc] + dp[Br,Bc] + acc[Br,d] + m[Br] + l[Br]
+  return 2 * kBr * s.d + 2 * s.d * kBc + 2 * kBr * kBc + 2 * kBr + 64;
+}
+
+void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v,
+                   const int32_t* seg_start, float* o, float* lse, float* scratch) {
+  const int64_t nqt = (s.S + kBr - 1) / kBr, group = s.Hq / s.Hkv, d = s.d;
+  const int64_t per_thread = attention_scratch(s);
+#pragma omp parallel
+  {
+    float* qs = scratch + omp_get_thread_num() * per_thread;
+    float* kt = qs + kBr * d;
+    float* st = kt + d * kBc;
+    float* acc = st + kBr * kBc;
+    float* m = acc + kBr * d;
+    float* l = m + kBr;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < s.B * s.Hq * nqt; ++task) {
+      const int64_t b = task / (s.Hq * nqt), h = (task / nqt) % s.Hq, qt = task % nqt;
+      const int64_t i0 = qt * kBr, i1 = std::min(s.S, i0 + kBr), nr = i1 - i0;
+      const int32_t* seg = seg_start + b * s.S;
+      const int64_t kvh = h / group;
+      for (int64_t i = 0; i < nr; ++i) {
+        const float* src = q + (b * s.S + i0 + i) * s.ldq + h * d;
+        for (int64_t c = 0; c < d; ++c) qs[i * d + c] = src[c] * s.scale;
+        std::fill_n(acc + i * d, d, 0.f);
+        m[i] = kNegInf;
+        l[i] = 0.f;
+      }
+      int64_t kb0, kb1;
+      key_tiles(seg, i0, i1, &kb0, &kb1);
+      for (int64_t kb = kb0; kb < kb1; ++kb) {
+        const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
+        transpose_tile(k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nc, d, kt);
+        masked_scores(qs, d, kt, i0, nr, j0, nc, d, seg, st);
+        for (int64_t i = 0; i < nr; ++i) {
+          float* row = st + i * kBc;
+          float mx = m[i];
+          for (int64_t j = 0; j < kBc; ++j) mx = std::max(mx, row[j]);
+          if (mx == kNegInf) {  // nothing visible in this tile for this row
+            std::fill_n(row, kBc, 0.f);
+            continue;
+          }
+          const float corr = m[i] == kNegInf ? 0.f : exp_fast(m[i] - mx);
+          l[i] = l[i] * corr + exp_row(row, mx, kBc);
+          m[i] = mx;
+          float* a = acc + i * d;
+          for (int64_t c = 0; c < d; ++c) a[c] *= corr;
+        }
+        tile_pb(st, v + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, nr, nc, d, acc, d);
+      }
+      for (int64_t i = 0; i < nr; ++i) {
+        float* dst = o + (b * s.S + i0 + i) * (s.Hq * d) + h * d;
+        const float inv = 1.0f / l[i];
+        for (int64_t c = 0; c < d; ++c) dst[c] = acc[i * d + c] * inv;
+        lse[(b * s.Hq + h) * s.S + i0 + i] = m[i] + std::log(l[i]);
+      }
+    }
+  }
+}
+
+void attention_bwd(const AttnShape& s, const float* q, const float* k, const float* v,
+                   const float* o, const float* lse, const float* dout, const int32_t* seg_start,
+                   float* dq, float* dk, float* dv, float* delta, float* scratch) {
+  const int64_t d = s.d, group = s.Hq / s.Hkv, ldo = s.Hq * d;
+  const int64_t nqt = (s.S + kBr - 1) / kBr, nkt = (s.S + kBc - 1) / kBc;
+  const int64_t per_thread = attention_scratch(s);
+
+  // delta[b,h,i] = Σ_c dout·o  (the softmax backward's row term).
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < s.B * s.S * s.Hq; ++r) {
+    const int64_t t = r / s.Hq, h = r % s.Hq, b = t / s.S, i = t % s.S;
+    const float* a = dout + t * ldo + h * d;
+    const float* c = o + t * ldo + h * d;
+    float acc = 0.f;
+    for (int64_t x = 0; x < d; ++x) acc += a[x] * c[x];
+    delta[(b * s.Hq + h) * s.S + i] = acc;
+  }
+
+  // Recomputes P (probabilities) and dS = P ⊙ (dP − delta) for one (query tile, key tile).
+  // On return st = P and dp = dS (already multiplied by scale, for dq and dk).
+  auto tile_grads = [&](int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
+                        const float* qs, float* kt, float* vt, float* st, float* dp) {
+    const int64_t kvh = h / group;
+    const int32_t* seg = seg_start + b * s.S;
+    transpose_tile(k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nc, d, kt);
+    transpose_tile(v + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, nc, d, vt);
+    masked_scores(qs, d, kt, i0, nr, j0, nc, d, seg, st);
+    tile_abt(dout + (b * s.S + i0) * ldo + h * d, ldo, vt, nr, nc, d, dp);
+    for (int64_t i = 0; i < nr; ++i) {
+      const float li = lse[(b * s.Hq + h) * s.S + i0 + i];
+      const float di = delta[(b * s.Hq + h) * s.S + i0 + i];
+      float* p = st + i * kBc;
+      float* g = dp + i * kBc;
+      for (int64_t j = 0; j < kBc; ++j) {
+        p[j] = p[j] == kNegInf ? 0.f : exp_fast(p[j] - li);
+        g[j] = p[j] * (g[j] - di) * s.scale;
+      }
+    }
+  };
+  auto load_qs = [&](int64_t b, int64_t h, int64_t i0, int64_t nr, float* qs) {
+    for (int64_t i = 0; i < nr; ++i) {
+      const float* src = q + (b * s.S + i0 + i) * s.ldq + h * d;
+      for (int64_t c = 0; c < d; ++c) qs[i * d + c] = src[c] * s.scale;
+    }
+  };
+
+  // Pass 1: dq, one task per (b, h, query tile).
+#pragma omp parallel
+  {
+    float* qs = scratch + omp_get_thread_num() * per_thread;
+    float* kt = qs + kBr * d;
+    float* vt = kt + d * kBc;
+    float* st = vt + d * kBc;
+    float* dp = st + kBr * kBc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < s.B * s.Hq * nqt; ++task) {
+      const int64_t b = task / (s.Hq * nqt), h = (task / nqt) % s.Hq, qt = task % nqt;
+      const int64_t i0 = qt * kBr, nr = std::min(s.S, i0 + kBr) - i0, kvh = h / group;
+      float* dqt = dq + (b * s.S + i0) * ldo + h * d;
+      for (int64_t i = 0; i < nr; ++i) std::fill_n(dqt + i * ldo, d, 0.f);
+      load_qs(b, h, i0, nr, qs);
+      int64_t kb0, kb1;
+      key_tiles(seg_start + b * s.S, i0, i0 + nr, &kb0, &kb1);
+      for (int64_t kb = kb0; kb < kb1; ++kb) {
+        const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
+        tile_grads(b, h, i0, nr, j0, nc, qs, kt, vt, st, dp);
+        tile_pb(dp, k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nr, nc, d, dqt, ldo);
+      }
+    }
+  }
+
+  // Pass 2: dk, dv, one task per (b, kv head, key tile), summing over the group's query heads.
+#pragma omp parallel
+  {
+    float* qs = scratch + omp_get_thread_num() * per_thread;
+    float* kt = qs + kBr * d;
+    float* vt = kt + d * kBc;
+    float* st = vt + d * kBc;
+    float* dp = st + kBr * kBc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < s.B * s.Hkv * nkt; ++task) {
+      const int64_t b = task / (s.Hkv * nkt), g = (task / nkt) % s.Hkv, kb = task % nkt;
+      const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
+      const int32_t* seg = seg_start + b * s.S;
+      float* dkt = dk + (b * s.S + j0) * s.ldk + g * d;
+      float* dvt = dv + (b * s.S + j0) * s.ldv + g * d;
+      for (int64_t j = 0; j < nc; ++j) {
+        std::fill_n(dkt + j * s.ldk, d, 0.f);
+        std::fill_n(dvt + j * s.ldv, d, 0.f);
+      }
+      // Query tiles that may see keys [j0, j0+nc): from the first query >= j0 up to the last
+      // query whose segment starts at or before the tile's last key.
+      int64_t qt_end = nqt;
+      for (int64_t qt = j0 / kBr; qt < nqt; ++qt) {
+        int64_t i0 = qt * kBr;
+        if (seg[i0] > j0 + nc - 1) {
+          qt_end = qt;
+          break;
+        }
+      }
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t qt = j0 / kBr; qt < qt_end; ++qt) {
+          const int64_t i0 = qt * kBr, nr = std::min(s.S, i0 + kBr) - i0;
+          load_qs(b, h, i0, nr, qs);
+          tile_grads(b, h, i0, nr, j0, nc, qs, kt, vt, st, dp);
+          tile_ptb(st, dout + (b * s.S + i0) * ldo + h * d, ldo, nr, nc, d, dvt, s.ldv);
+          tile_ptb(dp, q + (b * s.S + i0) * s.ldq + h * d, s.ldq, nr, nc, d, dkt, s.ldk);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace titan::ops

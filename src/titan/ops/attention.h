@@ -1,0 +1,41 @@
+// Scaled dot-product attention with GQA and causal / block-causal masks, computed in tiles with
+// an online softmax (FlashAttention-2 style). Never forms a sequence-by-sequence matrix: each
+// thread holds one [Br, Bc] score tile.
+//
+// Shapes (T = B·S tokens, row-major, token stride ld*):
+//   q[T, Hq, d]   k[T, Hkv, d]   v[T, Hkv, d]   ->  o[T, Hq·d] (contiguous),  lse[B, Hq, S]
+// Query head h reads kv head h / (Hq/Hkv) (HF repeat_kv). Key j is visible to query i of the same
+// row iff seg_start[i] <= j <= i, where seg_start[i] is the index (within the row) where i's
+// document begins: 0 for plain causal attention, the last position-0 token for block-causal.
+#pragma once
+#include <cstdint>
+
+namespace titan::ops {
+
+struct AttnShape {
+  int64_t B, S, Hq, Hkv, d;
+  float scale;  // usually d^-0.5
+  int64_t ldq, ldk, ldv;
+};
+
+// seg_start[B·S] from per-token positions (restarting at 0 at each document) when block_causal,
+// else all zeros (plain causal).
+void attention_segments(const int32_t* positions, int64_t B, int64_t S, bool block_causal,
+                        int32_t* seg_start);
+
+// Per-thread scratch, in floats, for forward and backward.
+int64_t attention_scratch(const AttnShape& s);
+
+// o = softmax(q·kᵀ·scale + mask)·v; lse = log Σ exp(scores) per query (saved for the backward).
+void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v,
+                   const int32_t* seg_start, float* o, float* lse, float* scratch);
+
+// Backward of attention_fwd. dq is [T, Hq, d] (token stride Hq·d, written); dk, dv are written
+// with token strides ldk, ldv (the layout of k and v). delta: B·Hq·S floats of scratch
+// (rowsum(do ⊙ o)). Probabilities are recomputed from q, k and lse; dq is computed in a pass
+// over query tiles and dk/dv in a pass over key tiles, so nothing is reduced across threads.
+void attention_bwd(const AttnShape& s, const float* q, const float* k, const float* v,
+                   const float* o, const float* lse, const float* dout, const int32_t* seg_start,
+                   float* dq, float* dk, float* dv, float* delta, float* scratch);
+
+}  // namespace titan::ops

@@ -1,0 +1,197 @@
+#include "titan/ops/elementwise.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "titan/core/error.h"
+#include "titan/ops/simd.h"
+
+namespace titan::ops {
+namespace {
+
+// Σ x[i]·y[i] with 16 independent float lanes (vectorizes without reassociation flags; the
+// summation order is fixed, so results do not depend on threads).
+TITAN_CLONES float dot16(const float* x, const float* y, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += x[i + j] * y[i + j];
+  float s = 0.f;
+  for (; i < n; ++i) s += x[i] * y[i];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+TITAN_CLONES void norm_row_fwd(const float* x, const float* w, float* y, int64_t n, float r) {
+  for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+// dx = r·(dy⊙w - x̂·c), c = mean(dy⊙w⊙x̂); accumulates dw_row += dy ⊙ x̂.
+TITAN_CLONES void norm_row_bwd(const float* dy, const float* x, const float* w, float r, float* dx,
+                               float* dw_acc, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += dy[i + j] * w[i + j] * x[i + j];
+  float s = 0.f;
+  for (; i < n; ++i) s += dy[i] * w[i] * x[i];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  float c = s * r * r / static_cast<float>(n);  // mean(g ⊙ x̂)·rstd, x̂ = x·r
+  for (int64_t k = 0; k < n; ++k) {
+    dx[k] = r * (dy[k] * w[k] - x[k] * c);
+    dw_acc[k] += dy[k] * x[k] * r;
+  }
+}
+
+TITAN_CLONES void rope_row(float* x, const float* cs, int64_t half, float sign) {
+  const float* c = cs;
+  const float* s = cs + half;
+  for (int64_t j = 0; j < half; ++j) {
+    float x1 = x[j], x2 = x[j + half], sn = sign * s[j];
+    x[j] = x1 * c[j] - x2 * sn;
+    x[j + half] = x2 * c[j] + x1 * sn;
+  }
+}
+
+TITAN_CLONES void swiglu_row_fwd(const float* a, const float* b, float* g, int64_t F) {
+  for (int64_t i = 0; i < F; ++i) {
+    float sig = 1.0f / (1.0f + exp_fast(-a[i]));
+    g[i] = a[i] * sig * b[i];
+  }
+}
+
+TITAN_CLONES void swiglu_row_bwd(const float* dg, const float* a, const float* b, float* da,
+                                 float* db, int64_t F) {
+  for (int64_t i = 0; i < F; ++i) {
+    float sig = 1.0f / (1.0f + exp_fast(-a[i]));
+    float silu = a[i] * sig;
+    db[i] = dg[i] * silu;
+    da[i] = dg[i] * b[i] * (sig * (1.0f + a[i] * (1.0f - sig)));
+  }
+}
+
+TITAN_CLONES void add_row(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+constexpr int64_t kChunk = 1 << 14;  // elementwise work unit: fixed, so results never depend on threads
+
+}  // namespace
+
+void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
+                   float* out) {
+  for (int64_t t = 0; t < T; ++t)
+    check(ids[t] >= 0 && ids[t] < V, "token id " + std::to_string(ids[t]) + " at position " +
+                                         std::to_string(t) + " is outside the vocabulary [0, " +
+                                         std::to_string(V) + "); check the tokenizer and model.vocab_size");
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) std::copy_n(table + ids[t] * D, D, out + t * D);
+}
+
+void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable) {
+  // Each thread owns a slice of columns and walks all tokens in order: no races, fixed order.
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int64_t c0 = D * id / nt, c1 = D * (id + 1) / nt;
+    for (int64_t t = 0; t < T; ++t) {
+      float* dst = dtable + ids[t] * D;
+      const float* src = dout + t * D;
+      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  }
+}
+
+void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, float* y,
+                 float* rstd) {
+  const int64_t rows = s.T * s.H;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t t = r / s.H, h = r % s.H;
+    const float* xr = x + t * s.ldx + h * s.N;
+    float ss = dot16(xr, xr, s.N);
+    float rs = 1.0f / std::sqrt(ss / static_cast<float>(s.N) + eps);
+    rstd[r] = rs;
+    norm_row_fwd(xr, w, y + t * s.ldy + h * s.N, s.N, rs);
+  }
+}
+
+// dw partial sums go to a fixed number of row blocks (not one per thread), so the reduction
+// order, and so the result, is the same for every thread count.
+static constexpr int64_t kNormBlocks = 32;
+
+int64_t rmsnorm_bwd_scratch(const NormRows& s) { return kNormBlocks * s.N; }
+
+void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float* w,
+                 const float* rstd, float* dx, float* dw, float* scratch) {
+  const int64_t rows = s.T * s.H;
+  const int64_t nb = std::min<int64_t>(kNormBlocks, std::max<int64_t>(rows, 1));
+  std::fill_n(scratch, nb * s.N, 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < nb; ++b) {
+    float* acc = scratch + b * s.N;
+    for (int64_t r = rows * b / nb; r < rows * (b + 1) / nb; ++r) {
+      int64_t t = r / s.H, h = r % s.H;
+      norm_row_bwd(dy + t * s.ldy + h * s.N, x + t * s.ldx + h * s.N, w, rstd[r],
+                   dx + t * s.ldx + h * s.N, acc, s.N);
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) add_row(dw, scratch + b * s.N, dw, s.N);
+}
+
+void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {
+  const int64_t half = d / 2;
+  // As HF computes it in fp32: inv_freq = 1 / theta^(2i/d), freqs = float(pos) * inv_freq.
+  for (int64_t i = 0; i < half; ++i) {
+    float expo = static_cast<float>(2 * i) / static_cast<float>(d);
+    float inv = 1.0f / std::pow(static_cast<float>(theta), expo);
+    for (int64_t p = 0; p < max_pos; ++p) {
+      float f = static_cast<float>(p) * inv;
+      cos_sin[p * d + i] = static_cast<float>(std::cos(static_cast<double>(f)));
+      cos_sin[p * d + half + i] = static_cast<float>(std::sin(static_cast<double>(f)));
+    }
+  }
+}
+
+void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
+              const float* cos_sin) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      rope_row(x + t * ldx + h * d, cos_sin + positions[t] * d, d / 2, 1.0f);
+}
+
+void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
+              const float* cos_sin) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      rope_row(dx + t * ldx + h * d, cos_sin + positions[t] * d, d / 2, -1.0f);
+}
+
+void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) swiglu_row_fwd(ab + t * 2 * F, ab + t * 2 * F + F, g + t * F, F);
+}
+
+void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    swiglu_row_bwd(dg + t * F, ab + t * 2 * F, ab + t * 2 * F + F, dab + t * 2 * F,
+                   dab + t * 2 * F + F, F);
+}
+
+void add(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+    int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+    add_row(a + i0, b + i0, out + i0, len);
+  }
+}
+
+void add_inplace(float* y, const float* x, int64_t n) { add(y, x, y, n); }
+
+}  // namespace titan::ops

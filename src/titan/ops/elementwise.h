@@ -1,0 +1,50 @@
+// Row-wise kernels of the Qwen3 block, each a forward and the backward that differentiates it.
+// Shapes: T tokens, D model dim, H heads, d head_dim, F ffn hidden, V vocab. All fp32, row-major.
+#pragma once
+#include <cstdint>
+
+namespace titan::ops {
+
+// ---- Embedding: out[T,D] = table[ids[t], :]. Throws titan::Error if an id is outside [0,V).
+void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
+                   float* out);
+// Backward of embedding_fwd: dtable[ids[t], :] += dout[t, :]. Deterministic (column-parallel).
+void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable);
+
+// ---- RMSNorm over rows of length N (HF Qwen3RMSNorm, fp32): y = w ⊙ x·rstd,
+// rstd = 1/sqrt(mean(x²) + eps). Rows are (t, h) for t < T, h < H: row (t,h) of x starts at
+// x + t·ldx + h·N (same for y with ldy). H = 1 and ld = N for an ordinary [T,N] norm;
+// H = heads, N = d for the per-head q_norm/k_norm. rstd[T·H] is saved for the backward.
+struct NormRows {
+  int64_t T, H, N, ldx, ldy;
+};
+void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, float* y,
+                 float* rstd);
+// Backward of rmsnorm_fwd: dx (written, rows laid out like x with ldx; dy like y with ldy)
+//   dx = rstd·(g - x̂·mean(g ⊙ x̂)),  g = dy ⊙ w,  x̂ = x·rstd;  dw[N] += Σ_rows dy ⊙ x̂.
+// scratch: rmsnorm_bwd_scratch(s) floats, for a deterministic reduction of dw.
+int64_t rmsnorm_bwd_scratch(const NormRows& s);
+void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float* w,
+                 const float* rstd, float* dx, float* dw, float* scratch);
+
+// ---- RoPE, half-split (GPT-NeoX / HF rotate_half): pairs (j, j + d/2), angle pos·θ^(-2j/d).
+// Table layout: cos_sin[p, 0:d/2] = cos, cos_sin[p, d/2:d] = sin, for p < max_pos (fp32).
+void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin);
+// x[T, H, d] (token stride ldx) rotated in place by the angle of positions[t].
+void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
+              const float* cos_sin);
+// Backward of rope_fwd (the inverse rotation), in place on dx laid out like x.
+void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
+              const float* cos_sin);
+
+// ---- SwiGLU: ab[T, 2F] holds a = w1·x (gate) in columns [0,F) and b = w3·x (up) in [F,2F);
+// g[T,F] = silu(a) ⊙ b.
+void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F);
+// Backward of swiglu_fwd: dab[:, :F] = dg ⊙ b ⊙ silu'(a), dab[:, F:] = dg ⊙ silu(a).
+void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t F);
+
+// ---- Vector helpers. out = a + b (residual add) and y += x.
+void add(const float* a, const float* b, float* out, int64_t n);
+void add_inplace(float* y, const float* x, int64_t n);
+
+}  // namespace titan::ops

@@ -1,0 +1,24 @@
+// AdamW exactly as torch.optim.AdamW (single-tensor path, decoupled weight decay):
+//   p ← p·(1 − lr·wd);  m ← m + (1−β1)(g − m);  v ← β2·v + (1−β2)·g²
+//   p ← p − (lr / (1−β1^t)) · m / (sqrt(v)/sqrt(1−β2^t) + eps)
+// and global L2 gradient-norm clipping as torch.nn.utils.clip_grad_norm_.
+#pragma once
+#include <cstdint>
+
+namespace titan::optim {
+
+struct AdamWConfig {
+  float lr = 8e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+};
+
+// One update of n parameters; `step` is the 1-based step count after this update.
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConfig& c,
+                float lr, int64_t step);
+
+// Σ x² in double over fixed blocks (the result does not depend on the thread count).
+double sum_squares(const float* x, int64_t n);
+
+// Multiplies grads by min(1, max_norm / (norm + 1e-6)) (torch clip_grads_with_norm_).
+void clip_by_norm(float* g, int64_t n, double norm, double max_norm);
+
+}  // namespace titan::optim

@@ -1,0 +1,167 @@
+#include "titan/train/trainer.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "titan/core/cpu.h"
+#include "titan/core/error.h"
+#include "titan/core/log.h"
+#include "titan/data/text_source.h"
+#include "titan/ops/gemm.h"
+
+namespace titan::train {
+
+Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
+  config::validate(cfg_);
+  args_ = config::resolve_model(cfg_);
+  const auto& t = cfg_.training;
+  const int64_t dp = 1;  // data-parallel degree (single process for now)
+  const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
+  check(global % (t.local_batch_size * dp) == 0,
+        "training.global_batch_size must be a multiple of local_batch_size × data-parallel degree");
+  grad_accum_ = global / (t.local_batch_size * dp);
+
+  data::ByteTokenizer tok;
+  check(tok.vocab_size() <= args_.vocab_size,
+        "the tokenizer has " + std::to_string(tok.vocab_size()) + " ids but model.vocab_size is " +
+            std::to_string(args_.vocab_size) + "; raise model.vocab_size");
+  if (docs.empty()) docs = data::load_documents(cfg_.dataloader.dataset, cfg_.dataloader.dataset_path);
+  data::LoaderOptions lo;
+  lo.batch = t.local_batch_size;
+  lo.seq_len = t.seq_len;
+  lo.shuffle = cfg_.dataloader.shuffle;
+  lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
+  loader_ = std::make_unique<data::PackedLoader>(std::move(docs), tok, lo);
+
+  model_ = std::make_unique<qwen3::Qwen3Model>(args_, t.local_batch_size, t.seq_len,
+                                               cfg_.loss.num_chunks);
+  const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
+  model_->init_weights(seed);
+  m_.resize(model_->num_params());
+  v_.resize(model_->num_params());
+  const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
+  input_.resize(step_tokens);
+  labels_.resize(step_tokens);
+  positions_.resize(step_tokens);
+
+  adamw_.lr = static_cast<float>(cfg_.optimizer.lr);
+  adamw_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
+  adamw_.beta2 = static_cast<float>(cfg_.optimizer.beta2);
+  adamw_.eps = static_cast<float>(cfg_.optimizer.eps);
+  adamw_.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
+  sched_.total_steps = t.steps;
+  if (cfg_.lr_scheduler.warmup_steps > t.steps)
+    log::warn("lr_scheduler.warmup_steps (" + std::to_string(cfg_.lr_scheduler.warmup_steps) +
+              ") exceeds training.steps; clamped to " + std::to_string(t.steps));
+  sched_.warmup_steps = std::min(cfg_.lr_scheduler.warmup_steps, t.steps);
+  if (cfg_.lr_scheduler.decay_ratio >= 0) sched_.decay_ratio = cfg_.lr_scheduler.decay_ratio;
+  sched_.decay_type = cfg_.lr_scheduler.decay_type;
+  sched_.min_lr_factor = cfg_.lr_scheduler.min_lr_factor;
+}
+
+StepResult Trainer::step() {
+  const auto& t = cfg_.training;
+  const int64_t mb_tokens = t.local_batch_size * t.seq_len;
+  StepResult r;
+  model_->zero_grad();
+  r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
+
+  // Pull every microbatch first and count the valid tokens of the whole step.
+  const double t0 = cpu::now_seconds();
+  for (int64_t a = 0; a < grad_accum_; ++a)
+    loader_->next(input_.data() + a * mb_tokens, labels_.data() + a * mb_tokens,
+                  positions_.data() + a * mb_tokens);
+  data_time_ = cpu::now_seconds() - t0;
+  int64_t valid = 0;
+  for (int64_t i = 0; i < grad_accum_ * mb_tokens; ++i) valid += labels_[i] != ops::kIgnoreIndex;
+  r.valid_tokens = valid;
+  const float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
+
+  double loss_sum = 0;
+  for (int64_t a = 0; a < grad_accum_; ++a) {
+    qwen3::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
+                   labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
+    loss_sum += model_->forward_backward(b, scale).sum;
+  }
+  tokens_seen_ += grad_accum_ * mb_tokens;
+  r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
+
+  const int64_t n = model_->num_params();
+  r.grad_norm = std::sqrt(optim::sum_squares(model_->grad_data(), n));
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "step %lld: loss %g, grad_norm %g is not finite; stopped before the optimizer "
+                  "update (lower optimizer.lr or check the data)",
+                  static_cast<long long>(step_ + 1), r.loss, r.grad_norm);
+    throw Error(msg);
+  }
+  optim::clip_by_norm(model_->grad_data(), n, r.grad_norm, t.max_norm);
+  ++step_;
+  optim::adamw_step(model_->param_data(), model_->grad_data(), m_.data(), v_.data(), n, adamw_,
+                    static_cast<float>(r.lr), step_);
+  return r;
+}
+
+void Trainer::train() {
+  const auto& t = cfg_.training;
+  log::set_color(!cfg_.metrics.disable_color_printing);
+  log::info("CPU: " + cpu::describe() + ", " + std::to_string(cpu::num_threads()) + " threads");
+  double peak = cfg_.metrics.peak_flops;
+  if (peak <= 0) {
+    peak = ops::gemm_probe_flops();
+    log::info("Peak FLOPS measured with a 2048^3 fp32 oneDNN GEMM");
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);
+  log::info(buf);
+  int64_t total = 0;
+  for (const auto& p : model_->params())
+    if (!p.alias) total += p.numel;
+  log::info("Model " + cfg_.model.name + " " + cfg_.model.flavor + " size: " + with_commas(total) +
+            " total parameters");
+  const int64_t per_rank = t.local_batch_size * t.seq_len;
+  log::info("Trainer is initialized with " + with_commas(per_rank) + " tokens per DP rank, " +
+            with_commas(per_rank * grad_accum_) + " tokens per train step, gradient accumulation "
+            "steps " + std::to_string(grad_accum_) + ", maximum context length " +
+            std::to_string(t.seq_len) + ", total steps " + std::to_string(t.steps) + " (warmup " +
+            std::to_string(sched_.warmup_steps) + ")");
+  log::info("Training starts at step " + std::to_string(step_ + 1));
+
+  MetricsWriter writer(cfg_.metrics.enable_jsonl ? cfg_.dump_folder + "/metrics.jsonl" : "",
+                       log::color());
+  const double flops_per_token = model_->flops_per_token(t.seq_len);
+  double last_log = cpu::now_seconds(), data_since_log = 0;
+  int64_t tokens_since_log = 0, steps_since_log = 0;
+  while (step_ < t.steps) {
+    StepResult r = step();
+    tokens_since_log += grad_accum_ * per_rank;
+    data_since_log += data_time_;
+    ++steps_since_log;
+    if (step_ == 1 || step_ % cfg_.metrics.log_freq == 0) {
+      const double now = cpu::now_seconds(), dt = now - last_log;
+      StepMetrics m;
+      m.step = step_;
+      m.loss = r.loss;
+      m.grad_norm = r.grad_norm;
+      m.lr = r.lr;
+      m.memory_gib = static_cast<double>(cpu::peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0);
+      m.memory_pct = 100.0 * static_cast<double>(cpu::peak_rss_bytes()) /
+                     static_cast<double>(cpu::total_memory_bytes());
+      m.tps = static_cast<double>(tokens_since_log) / dt;
+      m.tflops = flops_per_token * m.tps / 1e12;
+      m.mfu = 100.0 * flops_per_token * m.tps / peak;
+      m.step_time = dt / static_cast<double>(steps_since_log);
+      m.data_loading_time = data_since_log / static_cast<double>(steps_since_log);
+      m.n_tokens_seen = tokens_seen_;
+      writer.log(m);
+      last_log = now;
+      tokens_since_log = 0;
+      steps_since_log = 0;
+      data_since_log = 0;
+    }
+  }
+  log::info("Training completed");
+}
+
+}  // namespace titan::train

@@ -1,0 +1,54 @@
+// The training loop in torchtitan's step order (torchtitan.md §4.3): zero grads, read the LR,
+// pull every microbatch of the step and count valid tokens, forward+backward each with the loss
+// normalized by the step's valid tokens, clip by the global L2 norm (logging the norm before
+// clipping), stop on a non-finite loss or norm before any update, AdamW, LR step, metrics.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "titan/config/job_config.h"
+#include "titan/core/buffer.h"
+#include "titan/data/packed_loader.h"
+#include "titan/models/qwen3/model.h"
+#include "titan/optim/adamw.h"
+#include "titan/optim/lr_schedule.h"
+#include "titan/train/metrics.h"
+
+namespace titan::train {
+
+struct StepResult {
+  double loss = 0, grad_norm = 0, lr = 0;
+  int64_t valid_tokens = 0;
+};
+
+class Trainer {
+ public:
+  // docs: the documents to train on; empty = load them as the config says.
+  explicit Trainer(const config::JobConfig& cfg, std::vector<std::string> docs = {});
+
+  // One optimizer step; throws titan::Error (before updating anything) on a non-finite loss
+  // or gradient norm.
+  StepResult step();
+  // The whole run: training.steps steps with logging.
+  void train();
+
+  qwen3::Qwen3Model& model() { return *model_; }
+  int64_t current_step() const { return step_; }
+  int64_t grad_accum_steps() const { return grad_accum_; }
+
+ private:
+  config::JobConfig cfg_;
+  qwen3::Qwen3Args args_;
+  std::unique_ptr<qwen3::Qwen3Model> model_;
+  std::unique_ptr<data::PackedLoader> loader_;
+  Buffer<float> m_, v_;
+  Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
+  optim::AdamWConfig adamw_;
+  optim::LRSchedule sched_;
+  int64_t step_ = 0, grad_accum_ = 1, tokens_seen_ = 0;
+  double data_time_ = 0;  // seconds spent loading data in the last step
+};
+
+}  // namespace titan::train
