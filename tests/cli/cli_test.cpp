@@ -1,0 +1,126 @@
+// The titan command line, run as a user would: each bad input is one clear line and a non-zero
+// exit; nothing crashes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result titan(const std::string& args) {
+  std::string cmd = std::string(TITAN_BINARY) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+void expect_error(const std::string& args, const std::string& needle) {
+  Result r = titan(args);
+  EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+  EXPECT_NE(r.out.find("titan: error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.out;
+  // One line, no stack trace.
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+std::string temp_dir() {
+  auto d = std::filesystem::temp_directory_path() / ("titan_cli_" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+TEST(Cli, ConfigShowPrintsResolvedConfig) {
+  Result r = titan("config show --config qwen3_debugmodel --training.steps=7 --model.n_layers 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("steps = 7"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("n_layers=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("vocab_size=2048"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ConfigListNamesEveryFlavor) {
+  Result r = titan("config list");
+  ASSERT_EQ(r.code, 0);
+  for (const char* n : {"qwen3_debugmodel", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b",
+                        "qwen3_14b", "qwen3_32b"})
+    EXPECT_NE(r.out.find(n), std::string::npos) << n;
+}
+
+TEST(Cli, UnknownConfigListsAvailable) {
+  expect_error("train --config qwen3_nope", "available: ");
+}
+
+TEST(Cli, UnknownFlagSuggestsNearest) {
+  expect_error("train --config qwen3_debugmodel --training.stepz 3", "did you mean --training.steps");
+}
+
+TEST(Cli, WrongTypeNamesFlag) {
+  expect_error("train --config qwen3_debugmodel --training.steps three",
+               "--training.steps expects an integer, got 'three'");
+  expect_error("train --config qwen3_debugmodel --optimizer.lr=fast", "--optimizer.lr expects a number");
+}
+
+TEST(Cli, MissingConfigAndUnknownFlavor) {
+  expect_error("train --training.steps 3", "--config is required");
+  expect_error("config show --config qwen3_debugmodel --model.flavor 3B", "model.flavor '3B'");
+}
+
+TEST(Cli, SeqLenBeyondFlavorMaximum) {
+  expect_error("config show --config qwen3_debugmodel --training.seq_len 8192",
+               "exceeds the maximum context");
+}
+
+TEST(Cli, MissingDataset) {
+  expect_error("train --config qwen3_debugmodel --dataloader.dataset_path /nonexistent/x.txt",
+               "/nonexistent/x.txt");
+}
+
+TEST(Cli, EmptyDataset) {
+  std::string f = temp_dir() + "/empty.txt";
+  std::ofstream(f) << "\n\n";
+  expect_error("train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
+               "has no documents");
+}
+
+TEST(Cli, InvalidUtf8NamesFileAndLine) {
+  std::string f = temp_dir() + "/bad.txt";
+  std::ofstream(f, std::ios::binary) << "fine line\nbad \xff byte\n";
+  expect_error("train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
+               f + ":2: invalid UTF-8");
+}
+
+TEST(Cli, TrainsAndWritesMetrics) {
+  std::string dir = temp_dir() + "/run";
+  std::string f = temp_dir() + "/corpus.txt";
+  {
+    std::ofstream o(f);
+    for (int i = 0; i < 50; ++i) o << "line " << i << " of a small corpus for the cli test\n";
+  }
+  Result r = titan("train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 "
+                   "--training.steps 2 --training.seq_len 64 --training.local_batch_size 2 "
+                   "--metrics.log_freq 1 --metrics.peak_flops 1e11 --dataloader.dataset text "
+                   "--dataloader.dataset_path " + f + " --dump_folder " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step:  2  loss: "), std::string::npos) << r.out;
+  std::ifstream j(dir + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(j, line)) {
+    ++lines;
+    EXPECT_NE(line.find("\"grad_norm\""), std::string::npos);
+    EXPECT_NE(line.find("\"data_loading_time_s\""), std::string::npos);
+  }
+  EXPECT_EQ(lines, 2);
+}
+
+}  // namespace
