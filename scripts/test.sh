@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# README command 2: install what is missing, build, and run every test: the Release suite, then
+# the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+echo "== Release build and tests"
+bash scripts/build.sh build -DCMAKE_BUILD_TYPE=Release
+ctest --test-dir build --output-on-failure -j "$jobs"
+echo "== ASan + UBSan build and tests"
+bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTITAN_SANITIZE=ON \
+  -DTITAN_BUILD_BENCHMARKS=OFF
+ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs"
