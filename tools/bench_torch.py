@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Reference training-step speed of PyTorch + Hugging Face Transformers on this CPU.
+
+Builds transformers' real Qwen3ForCausalLM from a Qwen3Config (random init, fp32,
+CPU, SDPA attention, no KV cache) and times full training steps:
+forward with labels (HF's shifted cross-entropy) -> backward ->
+clip_grad_norm_(1.0) -> AdamW step -> zero_grad.
+
+Run inside the venv made by tools/setup_venv.sh:
+    .venv/bin/python tools/bench_torch.py --preset debugmodel --batch 4 --seq 256
+
+stdout: exactly one JSON line with keys preset, batch, seq, threads,
+torch_version, transformers_version, step_s, tokens_per_s, tflops, gemm_flops,
+flops_per_token. Human-readable progress (incl. the first step's loss, which
+should be close to ln(vocab)) goes to stderr.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import transformers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+PRESETS = {
+    # Same shapes as titan.cpp's / torchtitan's qwen3 "debugmodel".
+    "debugmodel": dict(
+        vocab_size=2048, hidden_size=256, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, tie_word_embeddings=True,
+        rope_theta=1e6, rms_norm_eps=1e-6,
+    ),
+    # Qwen3-0.6B widths with only 2 layers.
+    "0.6b-2layer": dict(
+        vocab_size=151936, hidden_size=1024, num_hidden_layers=2,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, tie_word_embeddings=True,
+        rope_theta=1e6, rms_norm_eps=1e-6,
+    ),
+}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_model(preset):
+    p = dict(PRESETS[preset])
+    rope_theta = p.pop("rope_theta")
+    cfg = Qwen3Config(
+        **p,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        max_position_embeddings=32768,
+        use_cache=False,
+        attention_dropout=0.0,
+        attn_implementation="sdpa",
+    )
+    model = Qwen3ForCausalLM(cfg).to(dtype=torch.float32, device="cpu")
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
+    assert model.config.rope_parameters["rope_theta"] == rope_theta, model.config.rope_parameters
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == cfg.tie_word_embeddings, "tie_word_embeddings not honoured"
+    model.train()
+    return model, cfg
+
+
+def flops_per_token(model, cfg, seq):
+    """torchtitan's estimate: 6*N + 6*L*n_heads*2*head_dim*seq.
+
+    N counts every parameter once (model.parameters() de-duplicates the tied
+    embedding/lm_head); for an untied model the input embedding is excluded
+    (it is a lookup, not a matmul)."""
+    n = sum(p.numel() for p in model.parameters())
+    if not cfg.tie_word_embeddings:
+        n -= model.model.embed_tokens.weight.numel()
+    attn = 6 * cfg.num_hidden_layers * cfg.num_attention_heads * 2 * cfg.head_dim * seq
+    return 6 * n + attn, n
+
+
+def gemm_roofline(n=2048, trials=3):
+    """fp32 torch.matmul of n x n matrices: best of `trials` after warm-up, FLOP/s."""
+    a = torch.randn(n, n, dtype=torch.float32)
+    b = torch.randn(n, n, dtype=torch.float32)
+    for _ in range(2):
+        torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="debugmodel")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (median is reported)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (default: all usable cores)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq < 2:
+        ap.error("need --steps >= 1, --warmup >= 0, --batch >= 1, --seq >= 2")
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+
+    model, cfg = build_model(args.preset)
+    fpt, nparams = flops_per_token(model, cfg, args.seq)
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {threads}, "
+        f"preset {args.preset}: {nparams / 1e6:.2f}M params (counted), "
+        f"{fpt / 1e9:.3f} GFLOP/token")
+
+    opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    def step():
+        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss.item()
+
+    times = []
+    first_loss = None
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        dt = time.perf_counter() - t0
+        if first_loss is None:
+            first_loss = loss
+            log(f"first_step_loss {loss:.4f} (ln(vocab) = {math.log(cfg.vocab_size):.4f})")
+        timed = i >= args.warmup
+        if timed:
+            times.append(dt)
+        log(f"step {i + 1}/{args.warmup + args.steps}{'' if timed else ' (warm-up)'}: "
+            f"{dt:.3f} s, loss {loss:.4f}")
+
+    step_s = statistics.median(times)
+    tokens_per_s = args.batch * args.seq / step_s
+    tflops = fpt * tokens_per_s / 1e12
+    gemm = gemm_roofline()
+    log(f"fp32 GEMM 2048^3 roofline: {gemm / 1e9:.1f} GFLOP/s; "
+        f"training achieves {100 * tflops * 1e12 / gemm:.1f}% of it")
+
+    print(json.dumps({
+        "preset": args.preset,
+        "batch": args.batch,
+        "seq": args.seq,
+        "threads": threads,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "step_s": round(step_s, 6),
+        "tokens_per_s": round(tokens_per_s, 3),
+        "tflops": round(tflops, 6),
+        "gemm_flops": round(gemm, 1),
+        "flops_per_token": fpt,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
