@@ -9,8 +9,12 @@ namespace titan::optim {
 
 double LRSchedule::factor(int64_t s) const {
   const int64_t warmup = std::min(warmup_steps, total_steps);
-  const int64_t decay = decay_ratio ? static_cast<int64_t>(std::nearbyint(total_steps * *decay_ratio))  // Python round(): half to even
-                                    : total_steps - warmup;
+  int64_t decay = total_steps - warmup;
+  if (decay_ratio) {
+    // Python round(): half to even. torchtitan cuts the decay so warmup + decay fit the total.
+    decay = static_cast<int64_t>(std::nearbyint(static_cast<double>(total_steps) * *decay_ratio));
+    if (warmup + decay > total_steps) decay = total_steps - warmup;
+  }
   const int64_t stable = total_steps + 1 - warmup - decay;
   if (s < warmup) return static_cast<double>(s + 1) / static_cast<double>(warmup);
   if (s < warmup + stable) return 1.0;

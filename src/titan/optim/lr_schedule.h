@@ -1,6 +1,7 @@
 // torchtitan's warmup-stable-decay LR multiplier (LambdaLR over a 0-indexed scheduler step s;
 // training step N uses s = N-1):
-//   decay = round(total·decay_ratio) (or total − warmup);  stable = total + 1 − warmup − decay
+//   decay = round(total·decay_ratio), at most total − warmup (or total − warmup when unset);
+//   stable = total + 1 − warmup − decay
 //   s < warmup            -> (s+1)/warmup
 //   s < warmup + stable   -> 1
 //   else p = (s+1 − (warmup+stable))/decay: linear 1−p, sqrt 1−√p, cosine ½(1+cos πp),
