@@ -249,7 +249,7 @@ void run_case(const AttnCase& c, uint32_t seed) {
   const float* q = p.x.data() + p.qo;
   const float* k = p.x.data() + p.ko;
   const float* v = p.x.data() + p.vo;
-  std::vector<float> scratch(attention_scratch(s) * omp_get_max_threads());
+  std::vector<float> scratch(attention_workspace(s));
   std::vector<float> o(T * ldo, 12345.f), lse(s.B * s.Hq * s.S, 12345.f);
   attention_fwd(s, q, k, v, seg.data(), o.data(), lse.data(), scratch.data());
 

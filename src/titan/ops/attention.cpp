@@ -33,7 +33,7 @@ __attribute__((always_inline)) inline v8f load8(const float* p) {
 __attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 
 template <int NV>
-inline void rank_update_block(const float* __restrict__ c, int64_t cr, int64_t cs,
+__attribute__((always_inline)) inline void rank_update_block(const float* __restrict__ c, int64_t cr, int64_t cs,
                               const float* __restrict__ src, int64_t lds, int64_t r, int64_t nr,
                               int64_t ns, int64_t col, float* __restrict__ out, int64_t ldo) {
   if (r + 2 <= nr) {
@@ -83,12 +83,12 @@ TITAN_CLONES void rank_update(const float* c, int64_t cr, int64_t cs, const floa
   }
 }
 
-// st[i, 0:kBc] = Σ_k a[i, k] · bt[k, 0:kBc]   (a: [nr, d] row stride lda; bt: [d, kBc])
-void tile_abt(const float* a, int64_t lda, const float* bt, int64_t nr, int64_t nc, int64_t d,
+// st[i, 0:kBc] = Σ_k a[i, k] · bt[k, 0:kBc]   (a: [nr, d] row stride lda; bt: [d, ≥kBc] row
+// stride ldb)
+void tile_abt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t nr, int64_t d,
               float* st) {
   std::fill_n(st, nr * kBc, 0.f);
-  rank_update(a, lda, 1, bt, kBc, nr, d, kBc, st, kBc);
-  (void)nc;
+  rank_update(a, lda, 1, bt, ldb, nr, d, kBc, st, kBc);
 }
 
 // out[i, 0:d] += Σ_j p[i, j] · b[j, 0:d]   (p: [nr, kBc]; b rows with stride ldb)
@@ -104,7 +104,7 @@ void tile_ptb(const float* p, const float* a, int64_t lda, int64_t nr, int64_t n
 }
 
 // Row-wise: p[j] = exp(s[j]·1 - m) for visible j, else 0; returns Σ p.
-TITAN_CLONES float exp_row(float* s, float m, int64_t n) {
+inline float exp_row(float* s, float m, int64_t n) {
   float sum = 0.f;
   for (int64_t j = 0; j < n; ++j) {
     float e = s[j] == kNegInf ? 0.f : exp_fast(s[j] - m);
@@ -114,20 +114,12 @@ TITAN_CLONES float exp_row(float* s, float m, int64_t n) {
   return sum;
 }
 
-// bt[k, j] = src[j, k] for j < nc (rows of src with stride ld), zero-padded to kBc columns.
-void transpose_tile(const float* src, int64_t ld, int64_t nc, int64_t d, float* bt) {
-  for (int64_t k = 0; k < d; ++k) {
-    float* dst = bt + k * kBc;
-    for (int64_t j = 0; j < nc; ++j) dst[j] = src[j * ld + k];
-    for (int64_t j = nc; j < kBc; ++j) dst[j] = 0.f;
-  }
-}
-
 // Fills the [nr, kBc] score tile st = (qs · kᵀ) with the mask applied (-inf where hidden).
-// q rows are already scaled. Rows i0.., keys j0.. within one sequence.
-void masked_scores(const float* qs, int64_t ldqs, const float* kt, int64_t i0, int64_t nr,
-                   int64_t j0, int64_t nc, int64_t d, const int32_t* seg, float* st) {
-  tile_abt(qs, ldqs, kt, nr, nc, d, st);
+// q rows are already scaled; kt points at the tile's first column of the transposed keys
+// (row stride ldk). Rows i0.., keys j0.. within one sequence.
+void masked_scores(const float* qs, int64_t ldqs, const float* kt, int64_t ldk, int64_t i0,
+                   int64_t nr, int64_t j0, int64_t nc, int64_t d, const int32_t* seg, float* st) {
+  tile_abt(qs, ldqs, kt, ldk, nr, d, st);
   for (int64_t i = 0; i < nr; ++i) {
     const int64_t qi = i0 + i, lo = seg[qi];
     float* row = st + i * kBc;
@@ -136,6 +128,68 @@ void masked_scores(const float* qs, int64_t ldqs, const float* kt, int64_t i0, i
       if (j >= nc || kj > qi || kj < lo) row[j] = kNegInf;
     }
   }
+}
+
+// Online-softmax update of one score tile (forward): per row, new max, rescale of the running
+// sum l and accumulator acc[nr, d], and st turned into unnormalized probabilities.
+TITAN_CLONES void online_softmax_tile(float* st, int64_t nr, float* m, float* l, float* acc,
+                                      int64_t d) {
+  for (int64_t i = 0; i < nr; ++i) {
+    float* row = st + i * kBc;
+    float mx = m[i];
+    for (int64_t j = 0; j < kBc; ++j) mx = std::max(mx, row[j]);
+    if (mx == kNegInf) {  // nothing visible in this tile for this row
+      for (int64_t j = 0; j < kBc; ++j) row[j] = 0.f;
+      continue;
+    }
+    const float corr = m[i] == kNegInf ? 0.f : exp_fast(m[i] - mx);
+    l[i] = l[i] * corr + exp_row(row, mx, kBc);
+    m[i] = mx;
+    float* a = acc + i * d;
+    for (int64_t c = 0; c < d; ++c) a[c] *= corr;
+  }
+}
+
+// Backward of the softmax on one tile: p = exp(s − lse) (0 where masked), and
+// dp ← p ⊙ (dp − delta) · scale.
+TITAN_CLONES void softmax_grad_tile(float* st, float* dp, int64_t nr, const float* lse,
+                                    const float* delta, float scale) {
+  for (int64_t i = 0; i < nr; ++i) {
+    float* p = st + i * kBc;
+    float* g = dp + i * kBc;
+    const float li = lse[i], di = delta[i];
+    for (int64_t j = 0; j < kBc; ++j) {
+      p[j] = p[j] == kNegInf ? 0.f : exp_fast(p[j] - li);
+      g[j] = p[j] * (g[j] - di) * scale;
+    }
+  }
+}
+
+TITAN_CLONES float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float r = 0.f;
+  for (; i < n; ++i) r += a[i] * b[i];
+  for (int j = 0; j < 8; ++j) r += acc[j];
+  return r;
+}
+
+// Keys (or values) transposed once per call: xt[b, h, c, j] = x[b·S + j, h, c], zero-padded to
+// Sp = a whole number of key tiles, so every tile is a column block of a [d, Sp] matrix.
+void transpose_heads(const float* x, int64_t ldx, int64_t B, int64_t S, int64_t H, int64_t d,
+                     int64_t Sp, float* xt) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      float* dst = xt + (b * H + h) * d * Sp;
+      for (int64_t j0 = 0; j0 < Sp; j0 += 16) {  // 16 keys at a time for locality
+        for (int64_t c = 0; c < d; ++c)
+          for (int64_t j = j0; j < j0 + 16; ++j)
+            dst[c * Sp + j] = j < S ? x[(b * S + j) * ldx + h * d + c] : 0.f;
+      }
+    }
 }
 
 // Key-tile range [kb0, kb1) that query rows [i0, i1) can see.
@@ -159,20 +213,26 @@ void attention_segments(const int32_t* positions, int64_t B, int64_t S, bool blo
   }
 }
 
-int64_t attention_scratch(const AttnShape& s) {
-  // qs[Br,d] + kt[d,Bc] + vt[d,Bc] + st[Br,Bc] + dp[Br,Bc] + acc[Br,d] + m[Br] + l[Br]
-  return 2 * kBr * s.d + 2 * s.d * kBc + 2 * kBr * kBc + 2 * kBr + 64;
+namespace {
+int64_t padded_seq(const AttnShape& s) { return (s.S + kBc - 1) / kBc * kBc; }
+// Per thread: qs[Br,d] + st[Br,Bc] + dp[Br,Bc] + acc[Br,d] + m[Br] + l[Br] (+ alignment slack)
+int64_t per_thread(const AttnShape& s) { return 2 * kBr * s.d + 2 * kBr * kBc + 2 * kBr + 64; }
+}  // namespace
+
+int64_t attention_workspace(const AttnShape& s) {
+  return 2 * s.B * s.Hkv * s.d * padded_seq(s) + omp_get_max_threads() * per_thread(s);
 }
 
 void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v,
-                   const int32_t* seg_start, float* o, float* lse, float* scratch) {
-  const int64_t nqt = (s.S + kBr - 1) / kBr, group = s.Hq / s.Hkv, d = s.d;
-  const int64_t per_thread = attention_scratch(s);
+                   const int32_t* seg_start, float* o, float* lse, float* workspace) {
+  const int64_t nqt = (s.S + kBr - 1) / kBr, group = s.Hq / s.Hkv, d = s.d, Sp = padded_seq(s);
+  float* kT = workspace;  // [B, Hkv, d, Sp]
+  float* thread_base = workspace + 2 * s.B * s.Hkv * d * Sp;
+  transpose_heads(k, s.ldk, s.B, s.S, s.Hkv, d, Sp, kT);
 #pragma omp parallel
   {
-    float* qs = scratch + omp_get_thread_num() * per_thread;
-    float* kt = qs + kBr * d;
-    float* st = kt + d * kBc;
+    float* qs = thread_base + omp_get_thread_num() * per_thread(s);
+    float* st = qs + kBr * d;
     float* acc = st + kBr * kBc;
     float* m = acc + kBr * d;
     float* l = m + kBr;
@@ -191,24 +251,11 @@ void attention_fwd(const AttnShape& s, const float* q, const float* k, const flo
       }
       int64_t kb0, kb1;
       key_tiles(seg, i0, i1, &kb0, &kb1);
+      const float* kth = kT + (b * s.Hkv + kvh) * d * Sp;
       for (int64_t kb = kb0; kb < kb1; ++kb) {
         const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
-        transpose_tile(k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nc, d, kt);
-        masked_scores(qs, d, kt, i0, nr, j0, nc, d, seg, st);
-        for (int64_t i = 0; i < nr; ++i) {
-          float* row = st + i * kBc;
-          float mx = m[i];
-          for (int64_t j = 0; j < kBc; ++j) mx = std::max(mx, row[j]);
-          if (mx == kNegInf) {  // nothing visible in this tile for this row
-            std::fill_n(row, kBc, 0.f);
-            continue;
-          }
-          const float corr = m[i] == kNegInf ? 0.f : exp_fast(m[i] - mx);
-          l[i] = l[i] * corr + exp_row(row, mx, kBc);
-          m[i] = mx;
-          float* a = acc + i * d;
-          for (int64_t c = 0; c < d; ++c) a[c] *= corr;
-        }
+        masked_scores(qs, d, kth + j0, Sp, i0, nr, j0, nc, d, seg, st);
+        online_softmax_tile(st, nr, m, l, acc, d);
         tile_pb(st, v + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, nr, nc, d, acc, d);
       }
       for (int64_t i = 0; i < nr; ++i) {
@@ -223,42 +270,33 @@ void attention_fwd(const AttnShape& s, const float* q, const float* k, const flo
 
 void attention_bwd(const AttnShape& s, const float* q, const float* k, const float* v,
                    const float* o, const float* lse, const float* dout, const int32_t* seg_start,
-                   float* dq, float* dk, float* dv, float* delta, float* scratch) {
-  const int64_t d = s.d, group = s.Hq / s.Hkv, ldo = s.Hq * d;
+                   float* dq, float* dk, float* dv, float* delta, float* workspace) {
+  const int64_t d = s.d, group = s.Hq / s.Hkv, ldo = s.Hq * d, Sp = padded_seq(s);
   const int64_t nqt = (s.S + kBr - 1) / kBr, nkt = (s.S + kBc - 1) / kBc;
-  const int64_t per_thread = attention_scratch(s);
+  float* kT = workspace;                     // [B, Hkv, d, Sp]
+  float* vT = kT + s.B * s.Hkv * d * Sp;     // [B, Hkv, d, Sp]
+  float* thread_base = vT + s.B * s.Hkv * d * Sp;
+  transpose_heads(k, s.ldk, s.B, s.S, s.Hkv, d, Sp, kT);
+  transpose_heads(v, s.ldv, s.B, s.S, s.Hkv, d, Sp, vT);
 
   // delta[b,h,i] = Σ_c dout·o  (the softmax backward's row term).
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < s.B * s.S * s.Hq; ++r) {
     const int64_t t = r / s.Hq, h = r % s.Hq, b = t / s.S, i = t % s.S;
-    const float* a = dout + t * ldo + h * d;
-    const float* c = o + t * ldo + h * d;
-    float acc = 0.f;
-    for (int64_t x = 0; x < d; ++x) acc += a[x] * c[x];
-    delta[(b * s.Hq + h) * s.S + i] = acc;
+    delta[(b * s.Hq + h) * s.S + i] = dot(dout + t * ldo + h * d, o + t * ldo + h * d, d);
   }
 
   // Recomputes P (probabilities) and dS = P ⊙ (dP − delta) for one (query tile, key tile).
   // On return st = P and dp = dS (already multiplied by scale, for dq and dk).
   auto tile_grads = [&](int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
-                        const float* qs, float* kt, float* vt, float* st, float* dp) {
+                        const float* qs, float* st, float* dp) {
     const int64_t kvh = h / group;
-    const int32_t* seg = seg_start + b * s.S;
-    transpose_tile(k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nc, d, kt);
-    transpose_tile(v + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, nc, d, vt);
-    masked_scores(qs, d, kt, i0, nr, j0, nc, d, seg, st);
-    tile_abt(dout + (b * s.S + i0) * ldo + h * d, ldo, vt, nr, nc, d, dp);
-    for (int64_t i = 0; i < nr; ++i) {
-      const float li = lse[(b * s.Hq + h) * s.S + i0 + i];
-      const float di = delta[(b * s.Hq + h) * s.S + i0 + i];
-      float* p = st + i * kBc;
-      float* g = dp + i * kBc;
-      for (int64_t j = 0; j < kBc; ++j) {
-        p[j] = p[j] == kNegInf ? 0.f : exp_fast(p[j] - li);
-        g[j] = p[j] * (g[j] - di) * s.scale;
-      }
-    }
+    const float* kth = kT + (b * s.Hkv + kvh) * d * Sp + j0;
+    const float* vth = vT + (b * s.Hkv + kvh) * d * Sp + j0;
+    masked_scores(qs, d, kth, Sp, i0, nr, j0, nc, d, seg_start + b * s.S, st);
+    tile_abt(dout + (b * s.S + i0) * ldo + h * d, ldo, vth, Sp, nr, d, dp);
+    const int64_t row = (b * s.Hq + h) * s.S + i0;
+    softmax_grad_tile(st, dp, nr, lse + row, delta + row, s.scale);
   };
   auto load_qs = [&](int64_t b, int64_t h, int64_t i0, int64_t nr, float* qs) {
     for (int64_t i = 0; i < nr; ++i) {
@@ -270,10 +308,8 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
   // Pass 1: dq, one task per (b, h, query tile).
 #pragma omp parallel
   {
-    float* qs = scratch + omp_get_thread_num() * per_thread;
-    float* kt = qs + kBr * d;
-    float* vt = kt + d * kBc;
-    float* st = vt + d * kBc;
+    float* qs = thread_base + omp_get_thread_num() * per_thread(s);
+    float* st = qs + kBr * d;
     float* dp = st + kBr * kBc;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.Hq * nqt; ++task) {
@@ -286,7 +322,7 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
       key_tiles(seg_start + b * s.S, i0, i0 + nr, &kb0, &kb1);
       for (int64_t kb = kb0; kb < kb1; ++kb) {
         const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
-        tile_grads(b, h, i0, nr, j0, nc, qs, kt, vt, st, dp);
+        tile_grads(b, h, i0, nr, j0, nc, qs, st, dp);
         tile_pb(dp, k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nr, nc, d, dqt, ldo);
       }
     }
@@ -295,10 +331,8 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
   // Pass 2: dk, dv, one task per (b, kv head, key tile), summing over the group's query heads.
 #pragma omp parallel
   {
-    float* qs = scratch + omp_get_thread_num() * per_thread;
-    float* kt = qs + kBr * d;
-    float* vt = kt + d * kBc;
-    float* st = vt + d * kBc;
+    float* qs = thread_base + omp_get_thread_num() * per_thread(s);
+    float* st = qs + kBr * d;
     float* dp = st + kBr * kBc;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.Hkv * nkt; ++task) {
@@ -312,11 +346,10 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
         std::fill_n(dvt + j * s.ldv, d, 0.f);
       }
       // Query tiles that may see keys [j0, j0+nc): from the first query >= j0 up to the last
-      // query whose segment starts at or before the tile's last key.
+      // query whose segment starts at or before the tile's last key (segment starts only grow).
       int64_t qt_end = nqt;
       for (int64_t qt = j0 / kBr; qt < nqt; ++qt) {
-        int64_t i0 = qt * kBr;
-        if (seg[i0] > j0 + nc - 1) {
+        if (seg[qt * kBr] > j0 + nc - 1) {
           qt_end = qt;
           break;
         }
@@ -325,7 +358,7 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
         for (int64_t qt = j0 / kBr; qt < qt_end; ++qt) {
           const int64_t i0 = qt * kBr, nr = std::min(s.S, i0 + kBr) - i0;
           load_qs(b, h, i0, nr, qs);
-          tile_grads(b, h, i0, nr, j0, nc, qs, kt, vt, st, dp);
+          tile_grads(b, h, i0, nr, j0, nc, qs, st, dp);
           tile_ptb(st, dout + (b * s.S + i0) * ldo + h * d, ldo, nr, nc, d, dvt, s.ldv);
           tile_ptb(dp, q + (b * s.S + i0) * s.ldq + h * d, s.ldq, nr, nc, d, dkt, s.ldk);
         }

@@ -23,12 +23,13 @@ struct AttnShape {
 void attention_segments(const int32_t* positions, int64_t B, int64_t S, bool block_causal,
                         int32_t* seg_start);
 
-// Per-thread scratch, in floats, for forward and backward.
-int64_t attention_scratch(const AttnShape& s);
+// Workspace, in floats, for forward and backward: the transposed keys and values of the call
+// plus one tile set per OpenMP thread (omp_get_max_threads() at the time of the call).
+int64_t attention_workspace(const AttnShape& s);
 
 // o = softmax(q·kᵀ·scale + mask)·v; lse = log Σ exp(scores) per query (saved for the backward).
 void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v,
-                   const int32_t* seg_start, float* o, float* lse, float* scratch);
+                   const int32_t* seg_start, float* o, float* lse, float* workspace);
 
 // Backward of attention_fwd. dq is [T, Hq, d] (token stride Hq·d, written); dk, dv are written
 // with token strides ldk, ldv (the layout of k and v). delta: B·Hq·S floats of scratch
@@ -36,6 +37,6 @@ void attention_fwd(const AttnShape& s, const float* q, const float* k, const flo
 // over query tiles and dk/dv in a pass over key tiles, so nothing is reduced across threads.
 void attention_bwd(const AttnShape& s, const float* q, const float* k, const float* v,
                    const float* o, const float* lse, const float* dout, const int32_t* seg_start,
-                   float* dq, float* dk, float* dv, float* delta, float* scratch);
+                   float* dq, float* dk, float* dv, float* delta, float* workspace);
 
 }  // namespace titan::ops

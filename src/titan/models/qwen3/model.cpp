@@ -113,8 +113,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
 
   // ---- work buffers shared by all layers
   ops::AttnShape as{max_batch, max_seq, Hq, Hkv, d, 1.f, Q, KV, QKV};
-  const int64_t nthreads = cpu::num_threads();
-  const int64_t attn_scratch = ops::attention_scratch(as) * nthreads;
+  const int64_t attn_scratch = ops::attention_workspace(as);
   const int64_t norm_scratch = std::max(ops::rmsnorm_bwd_scratch({T, 1, D, D, D}),
                                         ops::rmsnorm_bwd_scratch({T, Hq, d, QKV, Q}));
   const int64_t loss_scratch = ops::lm_head_ce_scratch(T, V, loss_chunk_rows_);
