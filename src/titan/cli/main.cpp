@@ -10,12 +10,15 @@
 #include "titan/config/builtin_configs.h"
 #include "titan/config/job_config.h"
 #include "titan/core/error.h"
+#include "titan/train/evaluate.h"
 #include "titan/train/trainer.h"
 
 namespace {
 
 const char* kUsage =
     "usage: titan train --config NAME [--section.field value ...]\n"
+    "       titan eval --config NAME [--model.hf_assets_path DIR | --checkpoint.initial_load_path P]\n"
+    "                  [--eval.tokens_path F.safetensors [--eval.logits_out OUT.safetensors]]\n"
     "       titan config show --config NAME [--section.field value ...]\n"
     "       titan config list\n";
 
@@ -80,6 +83,13 @@ int run(std::vector<std::string> args) {
     trainer.train();
     return 0;
   }
+  if (cmd == "eval") {
+    titan::config::JobConfig cfg = build_config(args);
+    titan::train::EvalResult r = titan::train::evaluate(cfg);
+    std::printf("eval: loss %.6f  perplexity %.4f  tokens %lld\n", r.loss, r.perplexity,
+                static_cast<long long>(r.tokens));
+    return 0;
+  }
   if (cmd == "config") {
     titan::check(!args.empty(), "titan config needs 'show' or 'list'");
     const std::string sub = args[0];
@@ -94,7 +104,7 @@ int run(std::vector<std::string> args) {
                 resolved_model(cfg).c_str());
     return 0;
   }
-  throw titan::Error("unknown command '" + cmd + "'; commands: train, config");
+  throw titan::Error("unknown command '" + cmd + "'; commands: train, eval, config");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "titan/core/error.h"
+#include "titan/models/qwen3/hf_config.h"
 
 namespace titan::config {
 
@@ -16,6 +17,8 @@ std::vector<Field> fields(JobConfig& c) {
       {"dump_folder", &c.dump_folder, "folder for metrics and checkpoints"},
       {"model.name", &c.model.name, "model family (qwen3)"},
       {"model.flavor", &c.model.flavor, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B"},
+      {"model.hf_assets_path", &c.model.hf_assets_path,
+       "Hugging Face model directory: architecture from its config.json"},
       {"model.n_layers", &c.model.n_layers, "override the flavor's layer count (0: keep)"},
       {"model.dim", &c.model.dim, "override the hidden size (0: keep)"},
       {"model.n_heads", &c.model.n_heads, "override the query heads (0: keep)"},
@@ -53,6 +56,26 @@ std::vector<Field> fields(JobConfig& c) {
       {"dataloader.shuffle", &c.dataloader.shuffle, "reshuffle documents each later epoch"},
       {"dataloader.seed", &c.dataloader.seed, "shuffle seed"},
       {"loss.num_chunks", &c.loss.num_chunks, "lm_head + cross-entropy chunks"},
+      {"checkpoint.enable", &c.checkpoint.enable, "save checkpoints"},
+      {"checkpoint.folder", &c.checkpoint.folder, "checkpoint folder under dump_folder"},
+      {"checkpoint.interval", &c.checkpoint.interval, "save every N steps"},
+      {"checkpoint.initial_load_path", &c.checkpoint.initial_load_path,
+       "absolute path of a checkpoint to start from"},
+      {"checkpoint.initial_load_model_only", &c.checkpoint.initial_load_model_only,
+       "load only the model from initial_load_path"},
+      {"checkpoint.initial_load_in_hf", &c.checkpoint.initial_load_in_hf,
+       "the initial checkpoint is Hugging Face safetensors"},
+      {"checkpoint.last_save_model_only", &c.checkpoint.last_save_model_only,
+       "the last save holds only the model"},
+      {"checkpoint.last_save_in_hf", &c.checkpoint.last_save_in_hf,
+       "the last save is a Hugging Face model directory"},
+      {"checkpoint.export_dtype", &c.checkpoint.export_dtype,
+       "dtype of a model-only last save: float32, bfloat16, float16"},
+      {"checkpoint.keep_latest_k", &c.checkpoint.keep_latest_k, "keep this many (0: all)"},
+      {"checkpoint.load_step", &c.checkpoint.load_step, "step to resume (-1: latest)"},
+      {"eval.steps", &c.eval.steps, "dataset batches for titan eval"},
+      {"eval.tokens_path", &c.eval.tokens_path, "safetensors with input_ids to evaluate"},
+      {"eval.logits_out", &c.eval.logits_out, "write logits for eval.tokens_path here"},
       {"debug.seed", &c.debug.seed, "seed for init and data (-1: none)"},
       {"debug.print_config", &c.debug.print_config, "print the resolved config at start"},
   };
@@ -183,7 +206,9 @@ std::string to_string(JobConfig& c) {
 
 qwen3::Qwen3Args resolve_model(const JobConfig& c) {
   check(c.model.name == "qwen3", "model.name '" + c.model.name + "' is not supported; use qwen3");
-  qwen3::Qwen3Args a = qwen3::flavor(c.model.flavor);
+  qwen3::Qwen3Args a = c.model.hf_assets_path.empty()
+                           ? qwen3::flavor(c.model.flavor)
+                           : qwen3::args_from_hf_config(c.model.hf_assets_path);
   auto over = [](int64_t v, int64_t& dst) {
     if (v != 0) dst = v;
   };
@@ -205,10 +230,12 @@ void validate(const JobConfig& c) {
   const auto& t = c.training;
   check(t.local_batch_size > 0, "training.local_batch_size must be positive");
   check(t.seq_len > 0, "training.seq_len must be positive");
+  const std::string source = c.model.hf_assets_path.empty()
+                                 ? "flavor '" + c.model.flavor + "'"
+                                 : c.model.hf_assets_path + "/config.json";
   check(t.seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(t.seq_len) +
-                                        " exceeds the maximum context of flavor '" +
-                                        c.model.flavor + "' (" + std::to_string(a.max_seq_len) +
-                                        ")");
+                                        " exceeds the maximum context of " + source + " (" +
+                                        std::to_string(a.max_seq_len) + ")");
   check(t.steps > 0, "training.steps must be positive");
   check(t.max_norm > 0, "training.max_norm must be positive");
   check(t.global_batch_size == -1 ||
@@ -226,6 +253,20 @@ void validate(const JobConfig& c) {
         "lr_scheduler.decay_ratio must be in [0, 1] (or negative for none)");
   check(c.metrics.log_freq > 0, "metrics.log_freq must be positive");
   check(c.loss.num_chunks > 0, "loss.num_chunks must be positive");
+  const auto& k = c.checkpoint;
+  check(k.interval >= 1, "checkpoint.interval must be at least 1");
+  check(k.keep_latest_k == 0 || k.keep_latest_k >= 2,
+        "checkpoint.keep_latest_k must be 0 (keep all) or at least 2");
+  check(k.initial_load_path.empty() || k.initial_load_path[0] == '/',
+        "checkpoint.initial_load_path must be an absolute path, got '" + k.initial_load_path + "'");
+  check(!k.initial_load_in_hf || k.initial_load_model_only,
+        "checkpoint.initial_load_in_hf requires checkpoint.initial_load_model_only");
+  check(!k.last_save_in_hf || k.last_save_model_only,
+        "checkpoint.last_save_in_hf requires checkpoint.last_save_model_only");
+  check(k.export_dtype == "float32" || k.export_dtype == "bfloat16" || k.export_dtype == "float16",
+        "checkpoint.export_dtype '" + k.export_dtype + "' must be float32, bfloat16 or float16");
+  check(!k.initial_load_in_hf || !k.initial_load_path.empty() || !c.model.hf_assets_path.empty(),
+        "checkpoint.initial_load_in_hf needs checkpoint.initial_load_path or model.hf_assets_path");
   check(c.dataloader.tokenizer == "byte",
         "dataloader.tokenizer '" + c.dataloader.tokenizer + "' is not available; use byte");
 }

@@ -15,6 +15,9 @@ namespace titan::config {
 struct ModelConfig {
   std::string name = "qwen3";
   std::string flavor = "debugmodel";
+  // A Hugging Face model directory: the architecture comes from its config.json (the flavor is
+  // then unused); the fields below still override it when set.
+  std::string hf_assets_path;
   // Overrides of the flavor; 0 (or "") keeps the flavor's value.
   int64_t n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden_dim = 0,
           vocab_size = 0;
@@ -61,6 +64,28 @@ struct LossConfig {
   int64_t num_chunks = 8;  // lm_head + cross-entropy chunks per microbatch
 };
 
+// torchtitan's checkpoint.* fields and semantics (torchtitan.md §1.4, §6).
+struct CheckpointConfig {
+  bool enable = false;
+  std::string folder = "checkpoint";  // relative to dump_folder
+  int64_t interval = 500;
+  std::string initial_load_path;      // absolute
+  bool initial_load_model_only = true;
+  bool initial_load_in_hf = false;
+  bool last_save_model_only = true;
+  bool last_save_in_hf = false;
+  std::string export_dtype = "float32";  // float32 | bfloat16 | float16
+  int64_t keep_latest_k = 10;            // 0 keeps all
+  int64_t load_step = -1;                // -1: latest
+};
+
+// titan eval: mean loss / perplexity over dataset batches, or logits for given token ids.
+struct EvalConfig {
+  int64_t steps = 10;        // batches of the dataset to average over
+  std::string tokens_path;   // safetensors with input_ids [B,S] (and optional labels): evaluate these
+  std::string logits_out;    // write the logits for tokens_path here (safetensors)
+};
+
 struct DebugConfig {
   int64_t seed = -1;  // -1: None (seed 0 is then used for the init)
   bool print_config = false;
@@ -75,6 +100,8 @@ struct JobConfig {
   MetricsConfig metrics;
   DataLoaderConfig dataloader;
   LossConfig loss;
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
   DebugConfig debug;
 };
 

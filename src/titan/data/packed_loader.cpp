@@ -76,4 +76,32 @@ void PackedLoader::next(int32_t* input, int32_t* labels, int32_t* positions) {
   head_ += static_cast<size_t>(opt_.batch * opt_.seq_len);
 }
 
+nlohmann::json PackedLoader::state() const {
+  auto tail = [&](const std::vector<int32_t>& v) {
+    return std::vector<int32_t>(v.begin() + static_cast<long>(head_), v.end());
+  };
+  return {{"version", 1},          {"documents", docs_.size()}, {"dp_rank", opt_.dp_rank},
+          {"dp_world", opt_.dp_world}, {"seq_len", opt_.seq_len},   {"epoch", epoch_},
+          {"cursor", cursor_},     {"order", order_},           {"input", tail(in_)},
+          {"labels", tail(lab_)},  {"positions", tail(pos_)}};
+}
+
+void PackedLoader::restore(const nlohmann::json& s) {
+  check(s.value("version", 0) == 1, "dataloader state: unknown version");
+  check(s.at("documents").get<size_t>() == docs_.size() &&
+            s.at("dp_world").get<int64_t>() == opt_.dp_world &&
+            s.at("dp_rank").get<int64_t>() == opt_.dp_rank &&
+            s.at("seq_len").get<int64_t>() == opt_.seq_len,
+        "dataloader state was saved with another dataset, seq_len or data-parallel degree; "
+        "resume with the same settings");
+  epoch_ = s.at("epoch").get<int64_t>();
+  cursor_ = s.at("cursor").get<int64_t>();
+  order_ = s.at("order").get<std::vector<int64_t>>();
+  in_ = s.at("input").get<std::vector<int32_t>>();
+  lab_ = s.at("labels").get<std::vector<int32_t>>();
+  pos_ = s.at("positions").get<std::vector<int32_t>>();
+  head_ = 0;
+  check(in_.size() == lab_.size() && in_.size() == pos_.size(), "dataloader state is corrupt");
+}
+
 }  // namespace titan::data

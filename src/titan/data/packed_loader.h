@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "titan/data/byte_tokenizer.h"
 
 namespace titan::data {
@@ -26,6 +27,11 @@ class PackedLoader {
   // Fills input/labels/positions, each [batch × seq_len]. Repeats the data forever.
   void next(int32_t* input, int32_t* labels, int32_t* positions);
   int64_t epoch() const { return epoch_; }
+
+  // Everything needed to continue exactly where this loader is: the batch after restore() is
+  // the batch that would have come next. Restoring checks the options match.
+  nlohmann::json state() const;
+  void restore(const nlohmann::json& state);
 
  private:
   void refill();

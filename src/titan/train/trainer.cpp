@@ -39,6 +39,12 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   model_->init_weights(seed);
   m_.resize(model_->num_params());
   v_.resize(model_->num_params());
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
+  if (auto st = checkpointer_->load(*model_, m_.data(), v_.data())) {
+    step_ = st->step;
+    tokens_seen_ = st->tokens_seen;
+    if (!st->dataloader.is_null()) loader_->restore(st->dataloader);
+  }
   const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
   input_.resize(step_tokens);
   labels_.resize(step_tokens);
@@ -103,6 +109,13 @@ StepResult Trainer::step() {
   return r;
 }
 
+void Trainer::maybe_checkpoint() {
+  const bool last = step_ == cfg_.training.steps;
+  if (!checkpointer_->due(step_, last)) return;
+  ckpt::TrainState st{step_, tokens_seen_, loader_->state()};
+  checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+}
+
 void Trainer::train() {
   const auto& t = cfg_.training;
   log::set_color(!cfg_.metrics.disable_color_printing);
@@ -160,6 +173,7 @@ void Trainer::train() {
       steps_since_log = 0;
       data_since_log = 0;
     }
+    maybe_checkpoint();
   }
   log::info("Training completed");
 }

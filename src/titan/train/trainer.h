@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "titan/checkpoint/checkpointer.h"
 #include "titan/config/job_config.h"
 #include "titan/core/buffer.h"
 #include "titan/data/packed_loader.h"
@@ -37,12 +38,15 @@ class Trainer {
   qwen3::Qwen3Model& model() { return *model_; }
   int64_t current_step() const { return step_; }
   int64_t grad_accum_steps() const { return grad_accum_; }
+  // Saves a checkpoint if one is due after the current step (train() calls it every step).
+  void maybe_checkpoint();
 
  private:
   config::JobConfig cfg_;
   qwen3::Qwen3Args args_;
   std::unique_ptr<qwen3::Qwen3Model> model_;
   std::unique_ptr<data::PackedLoader> loader_;
+  std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   Buffer<float> m_, v_;
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
   optim::AdamWConfig adamw_;

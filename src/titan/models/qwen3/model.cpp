@@ -161,7 +161,9 @@ ops::LossSum Qwen3Model::forward_backward(const Batch& b, float grad_scale) {
 
 ops::LossSum Qwen3Model::forward_loss(const Batch& b) { return run(b, 0.0f, false); }
 
-ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward) {
+void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, false, out); }
+
+ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, float* logits_out) {
   check(b.B <= max_batch_ && b.S <= max_seq_ && b.B * b.S <= max_tokens_,
         "microbatch of " + std::to_string(b.B) + "x" + std::to_string(b.S) +
             " exceeds the model's allocated " + std::to_string(max_batch_) + "x" +
@@ -205,6 +207,10 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward) {
     ops::add(s.hmid, tmp_, out, T * D);
   }
   ops::rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
+  if (logits_out) {
+    ops::linear_fwd(xf_, P + lm_head_, logits_out, T, D, V);
+    return {};
+  }
   ops::LossSum loss = ops::lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V, loss_chunk_rows_,
                                       backward ? grad_scale : 0.0f, backward ? dxn_ : nullptr,
                                       backward ? G + lm_head_ : nullptr, loss_scratch_);

@@ -44,6 +44,7 @@ class Qwen3Model {
   const ParamInfo& param(const std::string& fqn) const;
   int64_t num_params() const { return params_buf_.size(); }  // unique parameters
   float* param_data() { return params_buf_.data(); }
+  const float* param_data() const { return params_buf_.data(); }
   float* grad_data() { return grads_buf_.data(); }
   float* param_ptr(const std::string& fqn) { return params_buf_.data() + param(fqn).offset; }
   float* grad_ptr(const std::string& fqn) { return grads_buf_.data() + param(fqn).offset; }
@@ -58,6 +59,9 @@ class Qwen3Model {
   ops::LossSum forward_backward(const Batch& b, float grad_scale);
   // Forward only (evaluation): Σ CE and the count.
   ops::LossSum forward_loss(const Batch& b);
+  // Forward only: all logits, out[B·S, V] (labels may be null). For evaluation and parity checks;
+  // training never forms all logits.
+  void forward_logits(const Batch& b, float* out);
 
   // torchtitan: 6·N (embedding excluded unless tied) + 6·L·H·2·head_dim·seq_len.
   double flops_per_token(int64_t seq_len) const;
@@ -72,7 +76,7 @@ class Qwen3Model {
     float *x, *xn1, *rstd1, *qkv, *qr, *kr, *rstd_q, *rstd_k, *o, *lse, *hmid, *xn2, *rstd2, *ab,
         *g;
   };
-  ops::LossSum run(const Batch& b, float grad_scale, bool backward);
+  ops::LossSum run(const Batch& b, float grad_scale, bool backward, float* logits_out = nullptr);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
 
   Qwen3Args a_;

@@ -1,0 +1,142 @@
+// The safetensors checkpoint format (Hugging Face): reading memory-mapped files and sharded sets,
+// writing single files and sharded exports, and the fp32 <-> F16/BF16 storage conversions.
+//
+// A file is [u64 little-endian N][N bytes of JSON header, UTF-8][data buffer]. The header maps
+// each tensor name to {"dtype", "shape", "data_offsets": [begin, end)}, offsets relative to the
+// start of the data buffer; an optional "__metadata__" entry is a flat string -> string map.
+// A sharded set is model-0000i-of-0000n.safetensors plus model.safetensors.index.json
+// ({"metadata": {"total_size": ...}, "weight_map": {name: shard file}}).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace titan::ckpt {
+
+enum class DType {
+  BOOL,
+  U8,
+  I8,
+  I16,
+  U16,
+  F16,
+  BF16,
+  I32,
+  U32,
+  F32,
+  F64,
+  I64,
+  U64,
+  F8_E4M3,
+  F8_E5M2
+};
+
+// Bytes per element, and the header spelling ("BF16", ...).
+size_t dtype_size(DType dt);
+const char* dtype_name(DType dt);
+// The inverse of dtype_name. Throws titan::Error for a string that is not one of the above.
+DType parse_dtype(const std::string& s);
+
+// One tensor inside a mapped file. `data` points into the mapping (no alignment guaranteed) and
+// stays valid while the SafetensorsFile / SafetensorsSet that owns it is alive.
+struct TensorView {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;  // [] for a scalar
+  const uint8_t* data;
+  size_t nbytes;
+  int64_t numel() const;
+};
+
+// One memory-mapped safetensors file, fully validated on open (offsets, sizes, overlaps,
+// duplicate names, dtypes, metadata); every failure is a titan::Error naming the file and, where
+// there is one, the tensor. Move-only; unmaps in the destructor.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::string& path);
+
+  SafetensorsFile(SafetensorsFile&& o) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& o) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  // Sorted by name.
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  // nullptr if absent.
+  const TensorView* find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  SafetensorsFile() = default;
+  void parse_header(const std::string& header, const uint8_t* data, size_t data_size);
+
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::vector<TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// The tensors of one model: `path` is a directory holding model.safetensors (preferred, as
+// Transformers does) or model.safetensors.index.json plus its shards, a single .safetensors file,
+// or an *.index.json file. Every shard is opened and validated, and the index is checked against
+// the shards (every listed tensor present in its shard, no tensor in two shards).
+class SafetensorsSet {
+ public:
+  static SafetensorsSet open(const std::string& path);
+
+  std::vector<std::string> names() const;                 // sorted
+  const TensorView* find(const std::string& name) const;  // nullptr if absent
+  // Copies tensor `name` converted to fp32 into dst (numel floats). Throws titan::Error naming the
+  // file and tensor if it is absent, if its shape differs from `shape`, or if its dtype is not
+  // F32/F16/BF16/F64.
+  void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  // Sum of the tensors' data bytes.
+  int64_t total_bytes() const;
+  // The file holding tensor `name` ("" if absent), and the path the set was opened from.
+  const std::string& file_of(const std::string& name) const;
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsFile>& files() const { return files_; }
+
+ private:
+  std::string path_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::pair<size_t, size_t>> index_;  // name -> (file, tensor)
+};
+
+struct WriteTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;  // numel * dtype_size(dtype) bytes, already in dtype
+};
+
+// Writes one file: tensors sorted by name and contiguous, the header padded with spaces so the
+// data starts 8-byte aligned, metadata with "format": "pt" unless the caller sets "format".
+// Writes path + ".tmp-<pid>", fsyncs, then renames over path; on any failure removes the temp
+// file and throws titan::Error.
+void write_file(const std::string& path, const std::vector<WriteTensor>& tensors,
+                std::map<std::string, std::string> metadata = {});
+
+// Writes a model export into dir (created if needed): dir/model.safetensors if the data fits in
+// max_shard_bytes, else shards dir/model-0000i-of-0000n.safetensors (greedy in name order, a
+// tensor never split; one larger than the limit gets a shard of its own) plus
+// dir/model.safetensors.index.json. All new files are written under temp names first and renamed
+// into place only once every one is complete; then the files of an earlier export in dir that
+// the new one does not overwrite (model.safetensors, model-*-of-*.safetensors, the index) are
+// removed. A failure before the renames leaves the earlier export untouched.
+void write_model(const std::string& dir, const std::vector<WriteTensor>& tensors,
+                 int64_t max_shard_bytes, std::map<std::string, std::string> metadata = {});
+
+// fp32 -> storage, dt in {F32, F16, BF16}: BF16 and F16 round to nearest even; NaN stays NaN
+// (quiet, sign kept); F16 handles subnormals and overflows to inf. dst need not be aligned.
+void f32_to(DType dt, const float* src, int64_t n, void* dst);
+// storage -> fp32, dt in {F32, F16, BF16, F64} (F64 rounds to nearest). src need not be aligned.
+void to_f32(DType dt, const void* src, int64_t n, float* dst);
+
+}  // namespace titan::ckpt

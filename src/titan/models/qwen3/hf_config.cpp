@@ -1,0 +1,133 @@
+#include "titan/models/qwen3/hf_config.h"
+
+#include <fstream>
+
+#include "titan/core/error.h"
+
+namespace titan::qwen3 {
+
+using nlohmann::json;
+
+Qwen3Args args_from_hf_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream f(path);
+  check(f.good(), path + ": cannot read; model.hf_assets_path must be a Hugging Face model "
+                         "directory with config.json");
+  json cfg = json::parse(f, nullptr, false);
+  check(!cfg.is_discarded() && cfg.is_object(), path + ": not a valid JSON object");
+  return args_from_hf_json(cfg, path);
+}
+
+Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
+  auto fail = [&](const std::string& field, const std::string& what) {
+    throw Error(where + ": field '" + field + "' " + what);
+  };
+  auto get_int = [&](const char* k) -> int64_t {
+    if (!cfg.contains(k) || cfg[k].is_null()) fail(k, "is required but missing");
+    if (!cfg[k].is_number_integer()) fail(k, "must be an integer");
+    return cfg[k].get<int64_t>();
+  };
+  auto get_bool = [&](const char* k, bool dflt) {
+    if (!cfg.contains(k) || cfg[k].is_null()) return dflt;
+    if (!cfg[k].is_boolean()) fail(k, "must be true or false");
+    return cfg[k].get<bool>();
+  };
+  if (cfg.contains("architectures") && cfg["architectures"].is_array()) {
+    bool ok = false;
+    for (const auto& a : cfg["architectures"]) ok |= a == "Qwen3ForCausalLM";
+    if (!ok)
+      fail("architectures", cfg["architectures"].dump() +
+                                " is not supported; titan builds Qwen3ForCausalLM from config.json");
+  }
+  if (cfg.contains("model_type") && cfg["model_type"] != "qwen3")
+    fail("model_type", cfg["model_type"].dump() + " is not supported; expected \"qwen3\"");
+
+  Qwen3Args a;
+  a.vocab_size = get_int("vocab_size");
+  a.dim = get_int("hidden_size");
+  a.n_layers = get_int("num_hidden_layers");
+  a.n_heads = get_int("num_attention_heads");
+  a.n_kv_heads = cfg.contains("num_key_value_heads") && !cfg["num_key_value_heads"].is_null()
+                     ? get_int("num_key_value_heads")
+                     : a.n_heads;
+  a.head_dim = cfg.contains("head_dim") && !cfg["head_dim"].is_null() ? get_int("head_dim")
+                                                                        : a.dim / a.n_heads;
+  a.hidden_dim = get_int("intermediate_size");
+  a.max_seq_len = cfg.contains("max_position_embeddings") ? get_int("max_position_embeddings")
+                                                          : 32768;
+  if (cfg.contains("rms_norm_eps")) {
+    if (!cfg["rms_norm_eps"].is_number()) fail("rms_norm_eps", "must be a number");
+    a.norm_eps = cfg["rms_norm_eps"].get<float>();
+  }
+  a.tie_embeddings = get_bool("tie_word_embeddings", false);
+  if (get_bool("attention_bias", false))
+    fail("attention_bias", "is true; titan's Qwen3 has no attention biases");
+  if (get_bool("use_sliding_window", false))
+    fail("use_sliding_window", "is true; sliding-window attention is not implemented");
+  if (cfg.contains("hidden_act") && cfg["hidden_act"] != "silu")
+    fail("hidden_act", cfg["hidden_act"].dump() + " is not supported; only silu");
+
+  // RoPE: legacy top-level rope_theta / rope_scaling, or rope_parameters (transformers 5).
+  a.rope_theta = 10000.0;  // transformers' default when no theta is given
+  if (cfg.contains("rope_theta") && !cfg["rope_theta"].is_null()) {
+    if (!cfg["rope_theta"].is_number()) fail("rope_theta", "must be a number");
+    a.rope_theta = cfg["rope_theta"].get<double>();
+  }
+  auto check_type = [&](const json& rp, const char* field) {
+    for (const char* k : {"rope_type", "type"})
+      if (rp.contains(k) && rp[k] != "default")
+        fail(field, "asks for RoPE type " + rp[k].dump() + ", which is not implemented (only default)");
+  };
+  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
+    if (!cfg["rope_scaling"].is_object()) fail("rope_scaling", "must be an object or null");
+    check_type(cfg["rope_scaling"], "rope_scaling");
+  }
+  if (cfg.contains("rope_parameters") && !cfg["rope_parameters"].is_null()) {
+    const json& rp = cfg["rope_parameters"];
+    if (!rp.is_object()) fail("rope_parameters", "must be an object");
+    check_type(rp, "rope_parameters");
+    if (rp.contains("rope_theta")) {
+      if (!rp["rope_theta"].is_number()) fail("rope_parameters.rope_theta", "must be a number");
+      a.rope_theta = rp["rope_theta"].get<double>();
+    }
+  }
+  try {
+    a.validate();
+  } catch (const Error& e) {
+    throw Error(where + ": " + e.what());
+  }
+  return a;
+}
+
+json hf_config_json(const Qwen3Args& a, const json& base, const std::string& dtype) {
+  json c = base.is_object() ? base : json::object();
+  c["architectures"] = {"Qwen3ForCausalLM"};
+  c["model_type"] = "qwen3";
+  c["vocab_size"] = a.vocab_size;
+  c["hidden_size"] = a.dim;
+  c["intermediate_size"] = a.hidden_dim;
+  c["num_hidden_layers"] = a.n_layers;
+  c["num_attention_heads"] = a.n_heads;
+  c["num_key_value_heads"] = a.n_kv_heads;
+  c["head_dim"] = a.head_dim;
+  c["hidden_act"] = "silu";
+  c["max_position_embeddings"] = a.max_seq_len;
+  c["rms_norm_eps"] = a.norm_eps;
+  c["tie_word_embeddings"] = a.tie_embeddings;
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["use_sliding_window"] = false;
+  if (!c.contains("initializer_range")) c["initializer_range"] = 0.02;
+  if (!c.contains("max_window_layers")) c["max_window_layers"] = a.n_layers;
+  // Released configs use top-level rope_theta; transformers 5 writes rope_parameters. Both
+  // versions read rope_parameters when present, older ones rope_theta: write both, consistent.
+  c["rope_theta"] = a.rope_theta;
+  c["rope_scaling"] = nullptr;
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", a.rope_theta}};
+  c["torch_dtype"] = dtype;
+  c["dtype"] = dtype;
+  c["use_cache"] = true;
+  return c;
+}
+
+}  // namespace titan::qwen3

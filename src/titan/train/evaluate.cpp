@@ -1,0 +1,111 @@
+#include "titan/train/evaluate.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "titan/checkpoint/checkpointer.h"
+#include "titan/checkpoint/safetensors.h"
+#include "titan/core/error.h"
+#include "titan/data/packed_loader.h"
+#include "titan/data/text_source.h"
+#include "titan/models/qwen3/model.h"
+
+namespace titan::train {
+namespace {
+
+std::vector<int32_t> read_ids(const ckpt::TensorView& t, const std::string& file) {
+  check(t.shape.size() == 2, file + ": tensor '" + t.name + "' must be 2-D [batch, seq]");
+  std::vector<int32_t> ids(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (t.dtype == ckpt::DType::I64) {
+      int64_t v;
+      std::memcpy(&v, t.data + 8 * i, 8);
+      ids[i] = static_cast<int32_t>(v);
+    } else if (t.dtype == ckpt::DType::I32) {
+      std::memcpy(&ids[i], t.data + 4 * i, 4);
+    } else {
+      throw Error(file + ": tensor '" + t.name + "' must be I64 or I32");
+    }
+  }
+  return ids;
+}
+
+void load_weights(qwen3::Qwen3Model& m, const config::JobConfig& cfg) {
+  if (!cfg.checkpoint.initial_load_path.empty())
+    ckpt::load_model_weights(m, cfg.checkpoint.initial_load_path, cfg.checkpoint.initial_load_in_hf);
+  else if (!cfg.model.hf_assets_path.empty())
+    ckpt::load_model_weights(m, cfg.model.hf_assets_path, true);
+  else
+    throw Error("titan eval needs weights: set model.hf_assets_path (a Hugging Face directory) or "
+                "checkpoint.initial_load_path");
+}
+
+}  // namespace
+
+EvalResult evaluate(const config::JobConfig& cfg) {
+  const qwen3::Qwen3Args args = config::resolve_model(cfg);
+  EvalResult r;
+  double sum = 0;
+  int64_t count = 0;
+  if (!cfg.eval.tokens_path.empty()) {
+    ckpt::SafetensorsSet set = ckpt::SafetensorsSet::open(cfg.eval.tokens_path);
+    const ckpt::TensorView* ids_t = set.find("input_ids");
+    check(ids_t, cfg.eval.tokens_path + ": no tensor 'input_ids'");
+    std::vector<int32_t> input = read_ids(*ids_t, cfg.eval.tokens_path);
+    const int64_t B = ids_t->shape[0], S = ids_t->shape[1], T = B * S, V = args.vocab_size;
+    std::vector<int32_t> hf_labels = input;
+    if (const ckpt::TensorView* l = set.find("labels")) {
+      check(l->shape == ids_t->shape, cfg.eval.tokens_path + ": labels and input_ids differ in shape");
+      hf_labels = read_ids(*l, cfg.eval.tokens_path);
+    }
+    std::vector<int32_t> labels(T), positions(T);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        labels[b * S + s] = s + 1 < S ? hf_labels[b * S + s + 1] : ops::kIgnoreIndex;
+        positions[b * S + s] = static_cast<int32_t>(s);
+      }
+    qwen3::Qwen3Args a = args;
+    a.attn_mask_type = "causal";
+    qwen3::Qwen3Model m(a, B, S, cfg.loss.num_chunks);
+    load_weights(m, cfg);
+    qwen3::Batch batch{B, S, input.data(), labels.data(), positions.data()};
+    ops::LossSum ls = m.forward_loss(batch);
+    sum = ls.sum;
+    count = ls.count;
+    if (!cfg.eval.logits_out.empty()) {
+      std::vector<float> logits(static_cast<size_t>(T * V));
+      m.forward_logits(batch, logits.data());
+      std::vector<int64_t> ids64(input.begin(), input.end());
+      ckpt::write_file(cfg.eval.logits_out,
+                       {{"input_ids", ckpt::DType::I64, {B, S}, ids64.data()},
+                        {"logits", ckpt::DType::F32, {B, S, V}, logits.data()}});
+    }
+  } else {
+    const auto& t = cfg.training;
+    qwen3::Qwen3Model m(args, t.local_batch_size, t.seq_len, cfg.loss.num_chunks);
+    load_weights(m, cfg);
+    data::LoaderOptions lo;
+    lo.batch = t.local_batch_size;
+    lo.seq_len = t.seq_len;
+    lo.shuffle = false;
+    data::PackedLoader loader(data::load_documents(cfg.dataloader.dataset, cfg.dataloader.dataset_path),
+                              data::ByteTokenizer(), lo);
+    const int64_t T = t.local_batch_size * t.seq_len;
+    std::vector<int32_t> in(T), lab(T), pos(T);
+    check(cfg.eval.steps > 0, "eval.steps must be positive");
+    for (int64_t i = 0; i < cfg.eval.steps; ++i) {
+      loader.next(in.data(), lab.data(), pos.data());
+      ops::LossSum ls = m.forward_loss({t.local_batch_size, t.seq_len, in.data(), lab.data(), pos.data()});
+      sum += ls.sum;
+      count += ls.count;
+    }
+  }
+  check(count > 0, "nothing to evaluate: every label is -100");
+  r.loss = sum / static_cast<double>(count);
+  r.perplexity = std::exp(r.loss);
+  r.tokens = count;
+  return r;
+}
+
+}  // namespace titan::train
