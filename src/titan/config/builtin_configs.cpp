@@ -13,7 +13,7 @@ JobConfig qwen3_debugmodel() {
   // 4 × 256 so the loss visibly falls within two minutes.
   c.training.local_batch_size = 4;
   c.training.seq_len = 256;
-  c.training.steps = 200;
+  c.training.steps = 100;
   c.optimizer.lr = 8e-4;
   c.lr_scheduler.warmup_steps = 2;
   c.lr_scheduler.decay_ratio = 0.8;
@@ -33,9 +33,35 @@ JobConfig flavor_config(const char* flavor, double lr, int64_t warmup) {
   c.metrics.log_freq = 1;
   return c;
 }
+// The seed's Hugging Face flow: Qwen3-4B built from a model directory's config.json (fetched on a
+// connected machine with `hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir DIR`).
+JobConfig v5_qwen3_4b() {
+  JobConfig c = flavor_config("4B", 3e-4, 600);
+  c.model.hf_assets_path = "./assets/hf/Qwen3-4B-Instruct-2507";
+  c.training.local_batch_size = 1;
+  c.training.global_batch_size = 64;
+  c.training.seq_len = 4096;
+  return c;
+}
+
+// The same, fine-tuning the published weights and exporting Hugging Face safetensors at the end.
+JobConfig v5_qwen3_4b_finetune() {
+  JobConfig c = v5_qwen3_4b();
+  c.optimizer.lr = 1e-5;
+  c.lr_scheduler.warmup_steps = 10;
+  c.training.steps = 100;
+  c.checkpoint.enable = true;
+  c.checkpoint.initial_load_in_hf = true;
+  c.checkpoint.last_save_model_only = true;
+  c.checkpoint.last_save_in_hf = true;
+  c.checkpoint.export_dtype = "bfloat16";
+  return c;
+}
 }  // namespace
 
 void register_builtin_configs() {
+  register_config("v5_qwen3_4b", v5_qwen3_4b);
+  register_config("v5_qwen3_4b_finetune", v5_qwen3_4b_finetune);
   register_config("qwen3_debugmodel", qwen3_debugmodel);
   register_config("qwen3_0_6b", [] { return flavor_config("0.6B", 3e-4, 20); });
   register_config("qwen3_1_7b", [] { return flavor_config("1.7B", 8e-4, 20); });
