@@ -2,7 +2,8 @@
 # Installs the Debian packages titan.cpp builds and runs with. Safe to run repeatedly.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-dev
-      libgtest-dev libgmock-dev libbenchmark-dev fortunes)
+      libgtest-dev libgmock-dev libbenchmark-dev fortunes libpcre2-dev libutf8proc-dev
+      libtomlplusplus-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

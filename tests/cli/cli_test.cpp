@@ -99,6 +99,49 @@ TEST(Cli, InvalidUtf8NamesFileAndLine) {
                f + ":2: invalid UTF-8");
 }
 
+// A Hugging Face directory copied from a fixture, then damaged by `damage`.
+std::string broken_hf_dir(const std::string& name, void (*damage)(const std::string& dir)) {
+  std::string dir = temp_dir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2", dir);
+  damage(dir);
+  return dir;
+}
+
+TEST(Cli, BadHuggingFaceDirectories) {
+  const std::string eval = "eval --config qwen3_debugmodel --training.seq_len 16 --eval.steps 1 "
+                           "--model.hf_assets_path ";
+  std::string d = broken_hf_dir("truncated", [](const std::string& dir) {
+    std::filesystem::resize_file(dir + "/model.safetensors", 1000);
+  });
+  expect_error(eval + d, d + "/model.safetensors");
+  d = broken_hf_dir("llama", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
+  });
+  expect_error(eval + d, "field 'architectures'");
+  d = broken_hf_dir("nohidden", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json")
+        << R"({"vocab_size": 1000, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 64})";
+  });
+  expect_error(eval + d, "field 'hidden_size' is required");
+  d = broken_hf_dir("shape", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json", std::ios::app);  // keep the file, change the model below
+  });
+  expect_error(eval + d + " --model.hidden_dim 65", "wrong shapes: model.layers.0.mlp.down_proj.weight");
+  expect_error(eval + "/nonexistent/model", "/nonexistent/model/config.json");
+}
+
+TEST(Cli, EvalReportsPerplexity) {
+  std::string f = temp_dir() + "/eval_corpus.txt";
+  std::ofstream(f) << "some text to evaluate on\nanother line of it\n";
+  Result r = titan("eval --config qwen3_debugmodel --training.seq_len 16 --training.local_batch_size 2 "
+                   "--eval.steps 2 --dataloader.dataset text --dataloader.dataset_path " + f +
+                   " --model.hf_assets_path " + std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
+}
+
 TEST(Cli, TrainsAndWritesMetrics) {
   std::string dir = temp_dir() + "/run";
   std::string f = temp_dir() + "/corpus.txt";

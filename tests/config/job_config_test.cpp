@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "titan/config/builtin_configs.h"
@@ -87,6 +89,63 @@ TEST(JobConfig, ValidateCrossFieldRules) {
   EXPECT_NO_THROW(validate(c));
   c.lr_scheduler.decay_type = "step";
   EXPECT_THROW(validate(c), Error);
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  auto p = std::filesystem::temp_directory_path() / ("titan_cfg_" + std::to_string(getpid()));
+  std::filesystem::create_directories(p);
+  std::ofstream(p / name) << text;
+  return (p / name).string();
+}
+
+TEST(JobConfig, TomlSitsBetweenFunctionAndFlags) {
+  register_builtin_configs();
+  std::string f = write_temp("job.toml", R"(dump_folder = "/tmp/x"
+[training]
+steps = 33
+seq_len = 128
+max_norm = 2
+[optimizer]
+lr = 1e-3
+[metrics]
+disable_color_printing = true
+)");
+  JobConfig c = build_job_config("qwen3_debugmodel", {"--training.steps", "44", "--job.config_file", f});
+  EXPECT_EQ(c.training.steps, 44);      // flag beats TOML, wherever it stands
+  EXPECT_EQ(c.training.seq_len, 128);   // TOML beats the config function
+  EXPECT_DOUBLE_EQ(c.training.max_norm, 2.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_TRUE(c.metrics.disable_color_printing);
+  EXPECT_EQ(c.dump_folder, "/tmp/x");
+  EXPECT_EQ(c.training.local_batch_size, 4);  // untouched: the function's value
+}
+
+TEST(JobConfig, SavedConfigReadsBackIdentically) {
+  register_builtin_configs();
+  std::string out = write_temp("saved.toml", "");
+  JobConfig a = build_job_config("qwen3_debugmodel", {"--optimizer.lr", "3e-4", "--dump_folder",
+                                                      "a \"quoted\" dir", "--debug.save_config_file", out});
+  JobConfig b = build_job_config("qwen3_0_6b", {"--job.config_file", out, "--debug.save_config_file", ""});
+  a.debug.save_config_file.clear();
+  b.job.config_file.clear();
+  EXPECT_EQ(to_string(a), to_string(b));
+}
+
+TEST(JobConfig, TomlErrorsNameFileLineAndKey) {
+  auto err = [](const std::string& text) {
+    JobConfig c;
+    try {
+      apply_toml_file(c, write_temp("bad.toml", text));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err("[training]\nstpes = 3\n").find("bad.toml:2: unknown key 'training.stpes'; did you mean 'training.steps'"),
+            std::string::npos);
+  EXPECT_NE(err("[training]\nsteps = \"many\"\n").find("training.steps expects an integer"),
+            std::string::npos);
+  EXPECT_NE(err("[training\nsteps = 3\n").find("bad.toml:1"), std::string::npos);
 }
 
 TEST(JobConfig, UnknownConfigListsNames) {

@@ -45,10 +45,7 @@ std::string take_config_name(std::vector<std::string>& args) {
 
 titan::config::JobConfig build_config(std::vector<std::string> args) {
   std::string name = take_config_name(args);
-  titan::config::JobConfig cfg = titan::config::make_config(name);
-  titan::config::apply_flags(cfg, args);
-  titan::config::validate(cfg);
-  return cfg;
+  return titan::config::build_job_config(name, args);
 }
 
 std::string resolved_model(const titan::config::JobConfig& cfg) {

@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
 #include "titan/core/error.h"
 #include "titan/models/qwen3/hf_config.h"
+#include "toml++/toml.h"
 
 namespace titan::config {
 
@@ -78,6 +82,9 @@ std::vector<Field> fields(JobConfig& c) {
       {"eval.logits_out", &c.eval.logits_out, "write logits for eval.tokens_path here"},
       {"debug.seed", &c.debug.seed, "seed for init and data (-1: none)"},
       {"debug.print_config", &c.debug.print_config, "print the resolved config at start"},
+      {"debug.save_config_file", &c.debug.save_config_file,
+       "write the resolved config to this TOML file"},
+      {"job.config_file", &c.job.config_file, "TOML job file applied before the flags"},
   };
 }
 
@@ -108,6 +115,7 @@ std::string nearest(const std::string& name, const std::vector<std::string>& nam
   return best;
 }
 
+// `flag` is how the field is named in messages ("--training.steps" or "job.toml: training.steps").
 void parse_value(const std::string& flag, const std::string& value, FieldRef ref) {
   std::visit(
       [&](auto* p) {
@@ -120,20 +128,20 @@ void parse_value(const std::string& flag, const std::string& value, FieldRef ref
           else if (value == "false" || value == "False" || value == "0")
             *p = false;
           else
-            throw Error("--" + flag + " expects true or false, got '" + value + "'");
+            throw Error(flag + " expects true or false, got '" + value + "'");
         } else if constexpr (std::is_same_v<T, int64_t>) {
           errno = 0;
           char* end = nullptr;
           long long v = std::strtoll(value.c_str(), &end, 10);
           if (value.empty() || *end != '\0' || errno == ERANGE)
-            throw Error("--" + flag + " expects an integer, got '" + value + "'");
+            throw Error(flag + " expects an integer, got '" + value + "'");
           *p = v;
         } else {
           errno = 0;
           char* end = nullptr;
           double v = std::strtod(value.c_str(), &end);
           if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-            throw Error("--" + flag + " expects a number, got '" + value + "'");
+            throw Error(flag + " expects a number, got '" + value + "'");
           *p = v;
         }
       },
@@ -172,9 +180,33 @@ void apply_flags(JobConfig& c, const std::vector<std::string>& args) {
         value = args[++i];
       }
     }
-    parse_value(name, value, it->ref);
+    parse_value("--" + name, value, it->ref);
   }
 }
+
+void set_field(JobConfig& c, const std::string& name, const std::string& value,
+               const std::string& source) {
+  std::vector<Field> fs = fields(c);
+  std::vector<std::string> names;
+  for (const auto& f : fs) names.push_back(f.name);
+  auto it = std::find_if(fs.begin(), fs.end(), [&](const Field& f) { return f.name == name; });
+  if (it == fs.end())
+    throw Error(source + ": unknown key '" + name + "'; did you mean '" + nearest(name, names) +
+                "'?");
+  parse_value(source + ": " + name, value, it->ref);
+}
+
+namespace {
+// The shortest decimal form that reads back to the same double.
+std::string shortest(double v) {
+  char buf[64];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+}  // namespace
 
 std::string to_string(JobConfig& c) {
   std::ostringstream os;
@@ -191,8 +223,18 @@ std::string to_string(JobConfig& c) {
     std::visit(
         [&](auto* p) {
           using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, std::string>)
-            os << '"' << *p << '"';
+          if constexpr (std::is_same_v<T, std::string>) {
+            os << '"';
+            for (char ch : *p) {
+              if (ch == '"' || ch == '\\') os << '\\';
+              os << ch;
+            }
+            os << '"';
+          } else if constexpr (std::is_same_v<T, double>) {
+            std::string v = shortest(*p);  // TOML floats need a '.', 'e', "inf" or "nan"
+            if (v.find_first_of(".eEn") == std::string::npos) v += ".0";
+            os << v;
+          }
           else if constexpr (std::is_same_v<T, bool>)
             os << (*p ? "true" : "false");
           else
@@ -202,6 +244,80 @@ std::string to_string(JobConfig& c) {
     os << "\n";
   }
   return os.str();
+}
+
+void apply_toml_file(JobConfig& c, const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw Error(path + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) + ": " +
+                std::string(e.description()));
+  }
+  auto text = [&](const toml::node& v, const std::string& key) -> std::string {
+    if (auto s = v.as_string()) return s->get();
+    if (auto i = v.as_integer()) return std::to_string(i->get());
+    if (auto d = v.as_floating_point()) return shortest(d->get());
+    if (auto b = v.as_boolean()) return b->get() ? "true" : "false";
+    if (auto a = v.as_array()) {  // list fields take comma-separated text, as on the command line
+      std::string r;
+      for (const auto& x : *a) {
+        const auto* s = x.as_string();
+        check(s != nullptr, path + ": " + key + " must be a list of strings");
+        r += (r.empty() ? "" : ",") + s->get();
+      }
+      return r;
+    }
+    throw Error(path + ":" + std::to_string(v.source().begin.line) + ": " + key +
+                " has a value of an unsupported TOML type");
+  };
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    if (const auto* t = v.as_table()) {
+      for (const auto& [k2, v2] : *t) {
+        const std::string name = key + "." + std::string(k2.str());
+        check(!v2.is_table(), path + ": nested table '" + name + "' is not a config field");
+        set_field(c, name, text(v2, name), path + ":" + std::to_string(v2.source().begin.line));
+      }
+    } else {
+      set_field(c, key, text(v, key), path + ":" + std::to_string(v.source().begin.line));
+    }
+  }
+}
+
+JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags) {
+  JobConfig c = make_config(name);
+  // The TOML file comes first whatever its position among the flags: flags > TOML > function.
+  std::vector<std::string> rest;
+  std::string file;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    if (flags[i] == "--job.config_file") {
+      check(i + 1 < flags.size(), "--job.config_file needs a path");
+      file = flags[++i];
+    } else if (flags[i].rfind("--job.config_file=", 0) == 0) {
+      file = flags[i].substr(18);
+    } else {
+      rest.push_back(flags[i]);
+    }
+  }
+  if (!file.empty()) {
+    check(std::filesystem::exists(file), "--job.config_file '" + file + "' does not exist");
+    apply_toml_file(c, file);
+    c.job.config_file = file;
+  }
+  apply_flags(c, rest);
+  validate(c);
+  if (!c.debug.save_config_file.empty()) {
+    const std::string tmp = c.debug.save_config_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << to_string(c);
+      check(f.good(), "cannot write debug.save_config_file '" + c.debug.save_config_file + "'");
+    }
+    std::filesystem::rename(tmp, c.debug.save_config_file);
+  }
+  return c;
 }
 
 qwen3::Qwen3Args resolve_model(const JobConfig& c) {

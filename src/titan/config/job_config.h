@@ -89,10 +89,18 @@ struct EvalConfig {
 struct DebugConfig {
   int64_t seed = -1;  // -1: None (seed 0 is then used for the init)
   bool print_config = false;
+  std::string save_config_file;  // write the resolved config here as TOML
+};
+
+// The job file itself: --job.config_file applies a TOML file between the config function and
+// the flags (precedence: flags > TOML > config function).
+struct JobFileConfig {
+  std::string config_file;
 };
 
 struct JobConfig {
   std::string dump_folder = "./outputs";
+  JobFileConfig job;
   ModelConfig model;
   TrainingConfig training;
   OptimizerConfig optimizer;
@@ -118,8 +126,20 @@ std::vector<Field> fields(JobConfig& c);
 // naming the flag (and the nearest valid name for an unknown one) or the bad value.
 void apply_flags(JobConfig& c, const std::vector<std::string>& args);
 
-// The config as TOML-like sections, one "name = value" per field.
+// Sets one field from its text form (as a flag would); `source` names where it came from.
+void set_field(JobConfig& c, const std::string& name, const std::string& value,
+               const std::string& source);
+
+// The config as TOML: top-level fields, then one [section] per section, "key = value".
 std::string to_string(JobConfig& c);
+
+// Applies a TOML job file (sections and keys as the flags name them). Throws titan::Error naming
+// the file, line and key for a parse error, an unknown key or a value of the wrong type.
+void apply_toml_file(JobConfig& c, const std::string& path);
+
+// The whole command-line pipeline: config function NAME, then --job.config_file, then the other
+// flags, then validation.
+JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags);
 
 // Model arguments: the flavor with the config's overrides applied, validated.
 qwen3::Qwen3Args resolve_model(const JobConfig& c);
