@@ -25,13 +25,16 @@ Result titan(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-void expect_error(const std::string& args, const std::string& needle) {
+// one_line: the error is all that is printed (false where log lines legitimately precede it).
+void expect_error(const std::string& args, const std::string& needle, bool one_line = true) {
   Result r = titan(args);
   EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
   EXPECT_NE(r.out.find("titan: error: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.out;
   // One line, no stack trace.
-  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  if (one_line) {
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
 }
 
 std::string temp_dir() {
@@ -140,6 +143,26 @@ TEST(Cli, EvalReportsPerplexity) {
                    " --model.hf_assets_path " + std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
+}
+
+TEST(Cli, OverrideLogsOneLinePerLayerAndCheckKernelIsExact) {
+  const std::string so = std::string(TITAN_PLUGIN_DIR) + "/libtitan_layout_rope.so";
+  Result r = titan("check-kernel --config qwen3_debugmodel --model.n_layers 2 --training.seq_len 128 "
+                   "--training.local_batch_size 1 --override.imports " + so);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[Override] layout_rope: model.layers.0.attention.rope CosSinRoPE.Config -> "
+                       "LayoutRoPE.Config"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[Override] layout_rope: model.layers.1.attention.rope"), std::string::npos);
+  EXPECT_NE(r.out.find("Applied 2 override(s)"), std::string::npos);
+  EXPECT_NE(r.out.find("bf16 inputs]: forward max abs 0 rel 0 | backward max abs 0 rel 0"),
+            std::string::npos) << r.out;
+  expect_error("train --config qwen3_debugmodel --training.seq_len 100 --override.imports " + so,
+               "multiple of 128, got 100", false);
+  expect_error("train --config qwen3_debugmodel --module /nonexistent/plugin.so",
+               "cannot load plugin '/nonexistent/plugin.so'");
+  // --module registers config functions.
+  r = titan("config list --module " + std::string(TITAN_PLUGIN_DIR) + "/libtitan_test_throwing.so");
+  EXPECT_NE(r.out.find("throwing_debugmodel"), std::string::npos) << r.out;
 }
 
 TEST(Cli, TrainsAndWritesMetrics) {

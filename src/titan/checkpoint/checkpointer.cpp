@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
@@ -85,13 +84,13 @@ std::vector<std::pair<int64_t, fs::path>> resumable_steps(const fs::path& folder
   std::vector<std::pair<int64_t, fs::path>> r;
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) return r;
-  static const std::regex re(R"(step-(\d+))");
   for (const auto& e : fs::directory_iterator(folder)) {
-    std::smatch m;
-    std::string name = e.path().filename().string();
-    if (e.is_directory() && std::regex_match(name, m, re) &&
+    const std::string name = e.path().filename().string();
+    const std::string digits = name.rfind("step-", 0) == 0 ? name.substr(5) : "";
+    if (e.is_directory() && !digits.empty() && digits.size() < 18 &&
+        digits.find_first_not_of("0123456789") == std::string::npos &&
         fs::exists(e.path() / "train_state.json") && fs::exists(e.path() / "optimizer.safetensors"))
-      r.emplace_back(std::stoll(m[1]), e.path());
+      r.emplace_back(std::stoll(digits), e.path());
   }
   std::sort(r.begin(), r.end());
   return r;

@@ -10,6 +10,8 @@
 #include "titan/config/builtin_configs.h"
 #include "titan/config/job_config.h"
 #include "titan/core/error.h"
+#include "titan/plugin/registry.h"
+#include "titan/train/check_kernel.h"
 #include "titan/train/evaluate.h"
 #include "titan/train/trainer.h"
 
@@ -19,8 +21,30 @@ const char* kUsage =
     "usage: titan train --config NAME [--section.field value ...]\n"
     "       titan eval --config NAME [--model.hf_assets_path DIR | --checkpoint.initial_load_path P]\n"
     "                  [--eval.tokens_path F.safetensors [--eval.logits_out OUT.safetensors]]\n"
+    "       titan check-kernel --config NAME --override.imports LIB[,LIB] [flags]\n"
     "       titan config show --config NAME [--section.field value ...]\n"
+    "       (any command: --module LIB loads a plugin first)\n"
     "       titan config list\n";
+
+// Loads every "--module LIB" / "--module=LIB" (plugins registering config functions, types, ops
+// and overrides) and removes them from args.
+void load_modules(std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size();) {
+    std::string lib;
+    if (args[i] == "--module") {
+      titan::check(i + 1 < args.size(), "--module needs a plugin library path or name");
+      lib = args[i + 1];
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+    } else if (args[i].rfind("--module=", 0) == 0) {
+      lib = args[i].substr(9);
+      args.erase(args.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+      continue;
+    }
+    titan::plugin::Registry::global().load(lib);
+  }
+}
 
 // Removes "--config NAME" / "--config=NAME" from args and returns NAME.
 std::string take_config_name(std::vector<std::string>& args) {
@@ -44,6 +68,7 @@ std::string take_config_name(std::vector<std::string>& args) {
 }
 
 titan::config::JobConfig build_config(std::vector<std::string> args) {
+  load_modules(args);
   std::string name = take_config_name(args);
   return titan::config::build_job_config(name, args);
 }
@@ -87,11 +112,16 @@ int run(std::vector<std::string> args) {
                 static_cast<long long>(r.tokens));
     return 0;
   }
+  if (cmd == "check-kernel") {
+    titan::config::JobConfig cfg = build_config(args);
+    return titan::train::check_kernels(cfg) ? 0 : 1;
+  }
   if (cmd == "config") {
     titan::check(!args.empty(), "titan config needs 'show' or 'list'");
     const std::string sub = args[0];
     args.erase(args.begin());
     if (sub == "list") {
+      load_modules(args);
       for (const auto& n : titan::config::config_names()) std::printf("%s\n", n.c_str());
       return 0;
     }
@@ -101,7 +131,7 @@ int run(std::vector<std::string> args) {
                 resolved_model(cfg).c_str());
     return 0;
   }
-  throw titan::Error("unknown command '" + cmd + "'; commands: train, eval, config");
+  throw titan::Error("unknown command '" + cmd + "'; commands: train, eval, check-kernel, config");
 }
 
 }  // namespace

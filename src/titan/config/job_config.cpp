@@ -85,6 +85,8 @@ std::vector<Field> fields(JobConfig& c) {
       {"debug.save_config_file", &c.debug.save_config_file,
        "write the resolved config to this TOML file"},
       {"job.config_file", &c.job.config_file, "TOML job file applied before the flags"},
+      {"override.imports", &c.override_.imports,
+       "plugin libraries whose overrides apply (comma-separated)"},
   };
 }
 

@@ -98,9 +98,15 @@ struct JobFileConfig {
   std::string config_file;
 };
 
+// --override.imports: plugin libraries whose overrides rewrite the module tree (comma-separated).
+struct OverrideConfig {
+  std::string imports;
+};
+
 struct JobConfig {
   std::string dump_folder = "./outputs";
   JobFileConfig job;
+  OverrideConfig override_;
   ModelConfig model;
   TrainingConfig training;
   OptimizerConfig optimizer;

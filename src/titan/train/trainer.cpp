@@ -7,7 +7,9 @@
 #include "titan/core/error.h"
 #include "titan/core/log.h"
 #include "titan/data/text_source.h"
+#include "titan/models/qwen3/module_tree.h"
 #include "titan/ops/gemm.h"
+#include "titan/plugin/registry.h"
 
 namespace titan::train {
 
@@ -33,8 +35,14 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
   loader_ = std::make_unique<data::PackedLoader>(std::move(docs), tok, lo);
 
+  // Module tree -> overrides from --override.imports -> the ops each layer calls.
+  auto tree = qwen3::build_module_tree(args_, t.seq_len);
+  std::vector<std::string> imports = plugin::split_list(cfg_.override_.imports);
+  for (const auto& lib : imports) plugin::Registry::global().load(lib);
+  plugin::apply_overrides(tree, "model", imports);
   model_ = std::make_unique<qwen3::Qwen3Model>(args_, t.local_batch_size, t.seq_len,
-                                               cfg_.loss.num_chunks);
+                                               cfg_.loss.num_chunks,
+                                               qwen3::rope_plan(*tree, args_, t.seq_len));
   const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   model_->init_weights(seed);
   m_.resize(model_->num_params());

@@ -26,8 +26,12 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
-                       int64_t loss_chunks)
-    : a_(args), max_tokens_(max_batch * max_seq), max_batch_(max_batch), max_seq_(max_seq) {
+                       int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops)
+    : a_(args),
+      max_tokens_(max_batch * max_seq),
+      max_batch_(max_batch),
+      max_seq_(max_seq),
+      rope_ops_(std::move(rope_ops)) {
   a_.validate();
   check(max_seq <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq) +
                                        " exceeds the model's maximum context length " +
@@ -79,6 +83,16 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   params_buf_.resize(off);
   grads_buf_.resize(off);
 
+  if (rope_ops_.empty()) {
+    ops::RopeOp builtin;
+    builtin.name = "cos_sin_rope";
+    builtin.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t hd, int64_t ldx,
+                         const int32_t* pos, const float* cs) { ops::rope_fwd(x, B * S, H, hd, ldx, pos, cs); };
+    builtin.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t hd, int64_t ldx,
+                          const int32_t* pos, const float* cs) { ops::rope_bwd(x, B * S, H, hd, ldx, pos, cs); };
+    rope_ops_.assign(static_cast<size_t>(L), builtin);
+  }
+  check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
   rope_.resize(max_seq * d);
   ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
 
@@ -195,8 +209,8 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
     ops::linear_fwd(s.xn1, P + w.wqkv, s.qkv, T, D, QKV);
     ops::rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
     ops::rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
-    ops::rope_fwd(s.qr, T, Hq, d, Q, b.positions, rope_.data());
-    ops::rope_fwd(s.kr, T, Hkv, d, KV, b.positions, rope_.data());
+    call_rope(l, true, s.qr, b, Hq, Q);
+    call_rope(l, true, s.kr, b, Hkv, KV);
     ops::attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
     ops::linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
     ops::add(s.x, tmp_, s.hmid, T * D);
@@ -232,8 +246,8 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
     ops::linear_bwd(dx_, s.o, P + w.wo, do_, G + w.wo, T, Q, D);
     ops::attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
                        dqkv_ + Q + KV, delta_, attn_scratch_);
-    ops::rope_bwd(dq_, T, Hq, d, Q, b.positions, rope_.data());
-    ops::rope_bwd(dkr_, T, Hkv, d, KV, b.positions, rope_.data());
+    call_rope(l, false, dq_, b, Hq, Q);
+    call_rope(l, false, dkr_, b, Hkv, KV);
     ops::rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm,
                      norm_scratch_);
     ops::rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
@@ -245,6 +259,20 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
   }
   ops::embedding_bwd(b.input, T, dx_, D, G + tok_emb_);
   return loss;
+}
+
+void Qwen3Model::call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads,
+                           int64_t ld) {
+  const ops::RopeOp& op = rope_ops_[layer];
+  try {
+    (forward ? op.forward : op.backward)(x, b.B, b.S, heads, a_.head_dim, ld, b.positions,
+                                         rope_.data());
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // a plugin kernel failing: say which one and where
+    throw Error("RoPE op '" + op.name + "' failed in the " + (forward ? "forward" : "backward") +
+                " of layer " + std::to_string(layer) + ": " + e.what());
+  }
 }
 
 int64_t Qwen3Model::num_flop_params() const {

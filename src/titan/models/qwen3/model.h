@@ -15,6 +15,7 @@
 #include "titan/core/buffer.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/ops/loss.h"
+#include "titan/ops/rope_op.h"
 
 namespace titan::qwen3 {
 
@@ -37,7 +38,10 @@ struct Batch {
 
 class Qwen3Model {
  public:
-  Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8);
+  // rope_ops: the RoPE kernel pair of each layer (from the module tree and its overrides);
+  // empty means the built-in cos/sin RoPE everywhere.
+  Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
+             std::vector<ops::RopeOp> rope_ops = {});
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -77,6 +81,7 @@ class Qwen3Model {
         *g;
   };
   ops::LossSum run(const Batch& b, float grad_scale, bool backward, float* logits_out = nullptr);
+  void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
 
   Qwen3Args a_;
@@ -87,6 +92,7 @@ class Qwen3Model {
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;
 
   Buffer<float> rope_;        // [max_seq, head_dim] cos|sin
+  std::vector<ops::RopeOp> rope_ops_;  // per layer
   Arena acts_;                // saved activations, all layers
   std::vector<Saved> saved_;  // per layer views into acts_
   float *h_final_, *xf_, *rstd_f_;

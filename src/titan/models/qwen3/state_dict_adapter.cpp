@@ -1,7 +1,6 @@
 #include "titan/models/qwen3/state_dict_adapter.h"
 
 #include <map>
-#include <regex>
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
@@ -27,6 +26,16 @@ const std::vector<std::pair<std::string, std::string>>& layer_map() {
   return m;
 }
 
+// "PREFIX<digits>.REST" -> {digits, REST}; empty when the key has another form.
+std::pair<std::string, std::string> split_layer(const std::string& key, const std::string& prefix) {
+  if (key.rfind(prefix, 0) != 0) return {};
+  const size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return {};
+  std::string idx = key.substr(prefix.size(), dot - prefix.size());
+  if (idx.find_first_not_of("0123456789") != std::string::npos) return {};
+  return {idx, key.substr(dot + 1)};
+}
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
@@ -39,11 +48,10 @@ std::string to_hf_key(const std::string& fqn) {
   if (fqn == "tok_embeddings.weight") return "model.embed_tokens.weight";
   if (fqn == "norm.weight") return "model.norm.weight";
   if (fqn == "lm_head.weight") return "lm_head.weight";
-  static const std::regex layer(R"(layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (std::regex_match(fqn, m, layer))
+  auto [idx, rest] = split_layer(fqn, "layers.");
+  if (!idx.empty())
     for (const auto& [t, h] : layer_map())
-      if (m[2] == t) return "model.layers." + m[1].str() + "." + h;
+      if (rest == t) return "model.layers." + idx + "." + h;
   throw Error("no Hugging Face key for titan parameter '" + fqn + "'");
 }
 
@@ -51,11 +59,10 @@ std::string from_hf_key(const std::string& key) {
   if (key == "model.embed_tokens.weight") return "tok_embeddings.weight";
   if (key == "model.norm.weight") return "norm.weight";
   if (key == "lm_head.weight") return "lm_head.weight";
-  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (std::regex_match(key, m, layer))
+  auto [idx, rest] = split_layer(key, "model.layers.");
+  if (!idx.empty())
     for (const auto& [t, h] : layer_map())
-      if (m[2] == h) return "layers." + m[1].str() + "." + t;
+      if (rest == h) return "layers." + idx + "." + t;
   return "";
 }
 

@@ -1,0 +1,53 @@
+#include "titan/models/qwen3/module_tree.h"
+
+#include <set>
+#include <sstream>
+
+#include "titan/core/error.h"
+
+namespace titan::qwen3 {
+
+std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_t seq_len) {
+  auto node = [](const std::string& type) {
+    auto n = std::make_shared<config::ModuleNode>();
+    n->type = type;
+    n->bases = plugin::Registry::global().module_type(type).bases;
+    return n;
+  };
+  auto root = node("Qwen3Model.Config");
+  auto layers = node("ModuleList");
+  std::ostringstream theta;
+  theta.precision(17);
+  theta << a.rope_theta;
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    auto block = node("TransformerBlock.Config");
+    auto attn = node("Attention.Config");
+    auto rope = node("CosSinRoPE.Config");
+    rope->fields = {{"op", "cos_sin_rope"}, {"theta", theta.str()}, {"max_seq_len", std::to_string(seq_len)}};
+    attn->children.emplace_back("rope", rope);
+    block->children.emplace_back("attention", attn);
+    block->children.emplace_back("feed_forward", node("FeedForward.Config"));
+    layers->children.emplace_back(std::to_string(i), block);
+  }
+  root->children.emplace_back("layers", layers);
+  return root;
+}
+
+std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a, int64_t seq_len,
+                                   const plugin::Registry& reg) {
+  std::vector<ops::RopeOp> plan;
+  std::set<std::string> checked;
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    const std::string path = "layers." + std::to_string(i) + ".attention.rope";
+    config::ModuleNode* n = root.find(path);
+    check(n != nullptr, "model." + path + " is missing from the module tree");
+    auto op = n->fields.find("op");
+    check(op != n->fields.end() && !op->second.empty(),
+          "model." + path + " (" + n->type + ") names no op");
+    plan.push_back(reg.rope_op(op->second));
+    if (plan.back().check && checked.insert(op->second).second) plan.back().check(seq_len);
+  }
+  return plan;
+}
+
+}  // namespace titan::qwen3

@@ -1,0 +1,24 @@
+// The Qwen3 model's module config tree (what overrides rewrite) and the ops it resolves to:
+//   model (Qwen3Model.Config)
+//     layers (ModuleList) . {i} (TransformerBlock.Config)
+//       attention (Attention.Config) . rope (CosSinRoPE.Config: op, theta, max_seq_len)
+//       feed_forward (FeedForward.Config)
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "titan/config/module_tree.h"
+#include "titan/models/qwen3/args.h"
+#include "titan/ops/rope_op.h"
+#include "titan/plugin/registry.h"
+
+namespace titan::qwen3 {
+
+std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_t seq_len);
+
+// The RoPE op of every layer, looked up by each rope node's "op" field; runs each op's check on
+// seq_len (once per distinct op).
+std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a, int64_t seq_len,
+                                   const plugin::Registry& reg = plugin::Registry::global());
+
+}  // namespace titan::qwen3

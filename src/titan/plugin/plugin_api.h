@@ -1,0 +1,52 @@
+// The plugin interface: a shared library loaded with --module or listed in --override.imports
+// exports two C symbols,
+//   extern "C" int  titan_plugin_api_version(void);        // must return TITAN_PLUGIN_API_VERSION
+//   extern "C" void titan_plugin_register(titan::plugin::Host* host);
+// and registers config functions, module config types, ops and overrides through Host. Plugins
+// are built with the same compiler and standard library as titan (the interface passes C++
+// types); the version number changes whenever this header changes incompatibly.
+// Header-only: a plugin links nothing from titan.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "titan/config/job_config.h"
+#include "titan/config/module_tree.h"
+#include "titan/ops/rope_op.h"
+
+#define TITAN_PLUGIN_API_VERSION 1
+
+namespace titan::plugin {
+
+// torchtitan's named override (torchtitan.md §2.2): claims nodes of type `target` (subclasses
+// too unless `exact`) whose full path matches one of the shell globs `fqns` (all when empty) and
+// replaces each with factory(node).
+struct Override {
+  std::string name;
+  std::string target;
+  bool exact = false;
+  std::vector<std::string> fqns;
+  std::string description;
+  std::function<std::shared_ptr<config::ModuleNode>(const config::ModuleNode&)> factory;
+  std::string origin;  // the library that registered it (set by titan)
+};
+
+class Host {
+ public:
+  virtual ~Host() = default;
+  virtual void add_config(const std::string& name, std::function<config::JobConfig()> fn) = 0;
+  virtual void add_module_type(const config::ModuleType& type) = 0;
+  virtual void add_rope_op(const ops::RopeOp& op) = 0;
+  virtual void add_override(const Override& o) = 0;
+  // A registered module type, for derive(); throws titan::Error when unknown.
+  virtual const config::ModuleType& module_type(const std::string& name) const = 0;
+};
+
+}  // namespace titan::plugin
+
+extern "C" {
+typedef int (*titan_plugin_api_version_fn)(void);
+typedef void (*titan_plugin_register_fn)(titan::plugin::Host*);
+}
