@@ -8,8 +8,8 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
@@ -88,8 +88,9 @@ void BM_gemm_fp32(benchmark::State& state) {
   titan::Buffer<float> a(n * n), b(n * n), c(n * n);
   for (auto _ : state)
     titan::ops::gemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
-  state.counters["TFLOP/s"] = benchmark::Counter(
-      2.0 * n * n * n * static_cast<double>(state.iterations()) / 1e12, benchmark::Counter::kIsRate);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n * static_cast<double>(state.iterations()) / 1e12,
+                         benchmark::Counter::kIsRate);
 }
 
 // Rates are per wall-clock second (UseRealTime): the work runs on every OpenMP thread.

@@ -68,9 +68,11 @@ extern "C" void titan_plugin_register(titan::plugin::Host* host) {
   titan::ops::RopeOp op;
   op.name = "layout_rope";
   op.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
-                  const int32_t* pos, const float* cs) { layout_rope(x, B, S, H, d, ldx, pos, cs, 1.f); };
+                  const int32_t* pos,
+                  const float* cs) { layout_rope(x, B, S, H, d, ldx, pos, cs, 1.f); };
   op.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
-                   const int32_t* pos, const float* cs) { layout_rope(x, B, S, H, d, ldx, pos, cs, -1.f); };
+                   const int32_t* pos,
+                   const float* cs) { layout_rope(x, B, S, H, d, ldx, pos, cs, -1.f); };
   op.check = [](int64_t seq_len) {
     if (seq_len % kSeqMultiple != 0)
       throw titan::Error("layout_rope needs training.seq_len to be a multiple of " +

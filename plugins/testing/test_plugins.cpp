@@ -24,7 +24,8 @@ extern "C" void titan_plugin_register(titan::plugin::Host* host) {
   ov.name = "throwing_rope";
   ov.target = "RoPE.Config";
   ov.factory = [host](const titan::config::ModuleNode& n) {
-    return titan::config::derive(n, host->module_type("ThrowingRoPE.Config"), {{"op", "throwing_rope"}});
+    return titan::config::derive(n, host->module_type("ThrowingRoPE.Config"),
+                                 {{"op", "throwing_rope"}});
   };
   host->add_override(ov);
   // And a config function, to show --module registering one.

@@ -133,12 +133,15 @@ TEST_P(HfRoundTrip, TrainExportImport) {
                            static_cast<size_t>(back.num_params()) * sizeof(float)));
 
   const std::string py = std::string(TITAN_SOURCE_DIR) + "/.venv/bin/python";
-  if (!fs::exists(py)) GTEST_SKIP() << "no Python environment (tools/setup_venv.sh): skipped the transformers check";
+  if (!fs::exists(py))
+    GTEST_SKIP() << "no Python environment (tools/setup_venv.sh): skipped the transformers check";
   // titan's logits for the fixture's tokens, then transformers on the export.
   const std::string logits = dump + "/logits.safetensors";
-  std::string cmd = std::string(TITAN_BINARY) + " eval --config qwen3_debugmodel --training.seq_len 16 --model.hf_assets_path " +
-                    out + " --eval.tokens_path " + src + "/expected.safetensors --eval.logits_out " +
-                    logits + " > " + dump + "/eval.log 2>&1";
+  std::string cmd =
+      std::string(TITAN_BINARY) +
+      " eval --config qwen3_debugmodel --training.seq_len 16 --model.hf_assets_path " + out +
+      " --eval.tokens_path " + src + "/expected.safetensors --eval.logits_out " + logits + " > " +
+      dump + "/eval.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   cmd = py + " " + TITAN_SOURCE_DIR + "/tools/check_hf_export.py " + out + " --logits " + logits +
         " --atol 1e-4 > " + dump + "/check.log 2>&1";

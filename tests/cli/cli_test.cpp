@@ -59,18 +59,18 @@ TEST(Cli, ConfigListNamesEveryFlavor) {
     EXPECT_NE(r.out.find(n), std::string::npos) << n;
 }
 
-TEST(Cli, UnknownConfigListsAvailable) {
-  expect_error("train --config qwen3_nope", "available: ");
-}
+TEST(Cli, UnknownConfigListsAvailable) { expect_error("train --config qwen3_nope", "available: "); }
 
 TEST(Cli, UnknownFlagSuggestsNearest) {
-  expect_error("train --config qwen3_debugmodel --training.stepz 3", "did you mean --training.steps");
+  expect_error("train --config qwen3_debugmodel --training.stepz 3",
+               "did you mean --training.steps");
 }
 
 TEST(Cli, WrongTypeNamesFlag) {
   expect_error("train --config qwen3_debugmodel --training.steps three",
                "--training.steps expects an integer, got 'three'");
-  expect_error("train --config qwen3_debugmodel --optimizer.lr=fast", "--optimizer.lr expects a number");
+  expect_error("train --config qwen3_debugmodel --optimizer.lr=fast",
+               "--optimizer.lr expects a number");
 }
 
 TEST(Cli, MissingConfigAndUnknownFlavor) {
@@ -91,15 +91,17 @@ TEST(Cli, MissingDataset) {
 TEST(Cli, EmptyDataset) {
   std::string f = temp_dir() + "/empty.txt";
   std::ofstream(f) << "\n\n";
-  expect_error("train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
-               "has no documents");
+  expect_error(
+      "train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
+      "has no documents");
 }
 
 TEST(Cli, InvalidUtf8NamesFileAndLine) {
   std::string f = temp_dir() + "/bad.txt";
   std::ofstream(f, std::ios::binary) << "fine line\nbad \xff byte\n";
-  expect_error("train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
-               f + ":2: invalid UTF-8");
+  expect_error(
+      "train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
+      f + ":2: invalid UTF-8");
 }
 
 // A Hugging Face directory copied from a fixture, then damaged by `damage`.
@@ -112,8 +114,9 @@ std::string broken_hf_dir(const std::string& name, void (*damage)(const std::str
 }
 
 TEST(Cli, BadHuggingFaceDirectories) {
-  const std::string eval = "eval --config qwen3_debugmodel --training.seq_len 16 --eval.steps 1 "
-                           "--model.hf_assets_path ";
+  const std::string eval =
+      "eval --config qwen3_debugmodel --training.seq_len 16 --eval.steps 1 "
+      "--model.hf_assets_path ";
   std::string d = broken_hf_dir("truncated", [](const std::string& dir) {
     std::filesystem::resize_file(dir + "/model.safetensors", 1000);
   });
@@ -131,31 +134,39 @@ TEST(Cli, BadHuggingFaceDirectories) {
   d = broken_hf_dir("shape", [](const std::string& dir) {
     std::ofstream(dir + "/config.json", std::ios::app);  // keep the file, change the model below
   });
-  expect_error(eval + d + " --model.hidden_dim 65", "wrong shapes: model.layers.0.mlp.down_proj.weight");
+  expect_error(eval + d + " --model.hidden_dim 65",
+               "wrong shapes: model.layers.0.mlp.down_proj.weight");
   expect_error(eval + "/nonexistent/model", "/nonexistent/model/config.json");
 }
 
 TEST(Cli, EvalReportsPerplexity) {
   std::string f = temp_dir() + "/eval_corpus.txt";
   std::ofstream(f) << "some text to evaluate on\nanother line of it\n";
-  Result r = titan("eval --config qwen3_debugmodel --training.seq_len 16 --training.local_batch_size 2 "
-                   "--eval.steps 2 --dataloader.dataset text --dataloader.dataset_path " + f +
-                   " --model.hf_assets_path " + std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2");
+  Result r = titan(
+      "eval --config qwen3_debugmodel --training.seq_len 16 --training.local_batch_size 2 "
+      "--eval.steps 2 --dataloader.dataset text --dataloader.dataset_path " +
+      f + " --model.hf_assets_path " + std::string(TITAN_SOURCE_DIR) +
+      "/tests/fixtures/hf/tied_gqa2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
 }
 
 TEST(Cli, OverrideLogsOneLinePerLayerAndCheckKernelIsExact) {
   const std::string so = std::string(TITAN_PLUGIN_DIR) + "/libtitan_layout_rope.so";
-  Result r = titan("check-kernel --config qwen3_debugmodel --model.n_layers 2 --training.seq_len 128 "
-                   "--training.local_batch_size 1 --override.imports " + so);
+  Result r = titan(
+      "check-kernel --config qwen3_debugmodel --model.n_layers 2 --training.seq_len 128 "
+      "--training.local_batch_size 1 --override.imports " +
+      so);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("[Override] layout_rope: model.layers.0.attention.rope CosSinRoPE.Config -> "
-                       "LayoutRoPE.Config"), std::string::npos) << r.out;
+                       "LayoutRoPE.Config"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("[Override] layout_rope: model.layers.1.attention.rope"), std::string::npos);
   EXPECT_NE(r.out.find("Applied 2 override(s)"), std::string::npos);
   EXPECT_NE(r.out.find("bf16 inputs]: forward max abs 0 rel 0 | backward max abs 0 rel 0"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   expect_error("train --config qwen3_debugmodel --training.seq_len 100 --override.imports " + so,
                "multiple of 128, got 100", false);
   expect_error("train --config qwen3_debugmodel --module /nonexistent/plugin.so",
@@ -172,10 +183,12 @@ TEST(Cli, TrainsAndWritesMetrics) {
     std::ofstream o(f);
     for (int i = 0; i < 50; ++i) o << "line " << i << " of a small corpus for the cli test\n";
   }
-  Result r = titan("train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 "
-                   "--training.steps 2 --training.seq_len 64 --training.local_batch_size 2 "
-                   "--metrics.log_freq 1 --metrics.peak_flops 1e11 --dataloader.dataset text "
-                   "--dataloader.dataset_path " + f + " --dump_folder " + dir);
+  Result r = titan(
+      "train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 "
+      "--training.steps 2 --training.seq_len 64 --training.local_batch_size 2 "
+      "--metrics.log_freq 1 --metrics.peak_flops 1e11 --dataloader.dataset text "
+      "--dataloader.dataset_path " +
+      f + " --dump_folder " + dir);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step:  2  loss: "), std::string::npos) << r.out;
   std::ifstream j(dir + "/metrics.jsonl");

@@ -25,8 +25,9 @@ TEST(JobConfig, FlagFormsAndPrecedence) {
   register_builtin_configs();
   JobConfig c = make_config("qwen3_debugmodel");
   EXPECT_EQ(c.training.seq_len, 256);  // the config function's value
-  apply_flags(c, {"--training.seq_len", "128", "--optimizer.lr=1e-3", "--metrics.disable_color_printing",
-                  "--dataloader.shuffle", "false", "--model.flavor", "0.6B"});
+  apply_flags(
+      c, {"--training.seq_len", "128", "--optimizer.lr=1e-3", "--metrics.disable_color_printing",
+          "--dataloader.shuffle", "false", "--model.flavor", "0.6B"});
   EXPECT_EQ(c.training.seq_len, 128);  // flags win over the config function
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_TRUE(c.metrics.disable_color_printing);
@@ -110,9 +111,10 @@ lr = 1e-3
 [metrics]
 disable_color_printing = true
 )");
-  JobConfig c = build_job_config("qwen3_debugmodel", {"--training.steps", "44", "--job.config_file", f});
-  EXPECT_EQ(c.training.steps, 44);      // flag beats TOML, wherever it stands
-  EXPECT_EQ(c.training.seq_len, 128);   // TOML beats the config function
+  JobConfig c =
+      build_job_config("qwen3_debugmodel", {"--training.steps", "44", "--job.config_file", f});
+  EXPECT_EQ(c.training.steps, 44);     // flag beats TOML, wherever it stands
+  EXPECT_EQ(c.training.seq_len, 128);  // TOML beats the config function
   EXPECT_DOUBLE_EQ(c.training.max_norm, 2.0);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_TRUE(c.metrics.disable_color_printing);
@@ -123,9 +125,11 @@ disable_color_printing = true
 TEST(JobConfig, SavedConfigReadsBackIdentically) {
   register_builtin_configs();
   std::string out = write_temp("saved.toml", "");
-  JobConfig a = build_job_config("qwen3_debugmodel", {"--optimizer.lr", "3e-4", "--dump_folder",
-                                                      "a \"quoted\" dir", "--debug.save_config_file", out});
-  JobConfig b = build_job_config("qwen3_0_6b", {"--job.config_file", out, "--debug.save_config_file", ""});
+  JobConfig a =
+      build_job_config("qwen3_debugmodel", {"--optimizer.lr", "3e-4", "--dump_folder",
+                                            "a \"quoted\" dir", "--debug.save_config_file", out});
+  JobConfig b =
+      build_job_config("qwen3_0_6b", {"--job.config_file", out, "--debug.save_config_file", ""});
   a.debug.save_config_file.clear();
   b.job.config_file.clear();
   EXPECT_EQ(to_string(a), to_string(b));
@@ -141,7 +145,8 @@ TEST(JobConfig, TomlErrorsNameFileLineAndKey) {
     }
     return std::string();
   };
-  EXPECT_NE(err("[training]\nstpes = 3\n").find("bad.toml:2: unknown key 'training.stpes'; did you mean 'training.steps'"),
+  EXPECT_NE(err("[training]\nstpes = 3\n")
+                .find("bad.toml:2: unknown key 'training.stpes'; did you mean 'training.steps'"),
             std::string::npos);
   EXPECT_NE(err("[training]\nsteps = \"many\"\n").find("training.steps expects an integer"),
             std::string::npos);

@@ -31,8 +31,9 @@ qwen3::Qwen3Args args(int64_t layers) {
 }
 
 // An override replacing matched nodes with `type` (registered here, derived from RoPE.Config).
-Override make(const std::string& name, const std::string& target, std::vector<std::string> fqns = {},
-              bool exact = false, const std::string& type = "MyRoPE.Config") {
+Override make(const std::string& name, const std::string& target,
+              std::vector<std::string> fqns = {}, bool exact = false,
+              const std::string& type = "MyRoPE.Config") {
   Override o;
   o.name = name;
   o.target = target;
@@ -48,7 +49,8 @@ class OverrideTest : public ::testing::Test {
  protected:
   void SetUp() override {
     Registry::global().reset();
-    Registry::global().add_module_type({"MyRoPE.Config", {"RoPE.Config"}, {{"op", "cos_sin_rope"}}});
+    Registry::global().add_module_type(
+        {"MyRoPE.Config", {"RoPE.Config"}, {{"op", "cos_sin_rope"}}});
   }
   void TearDown() override { Registry::global().reset(); }
   std::string error_of(std::shared_ptr<ModuleNode>& tree) {
@@ -67,13 +69,15 @@ TEST_F(OverrideTest, ReplacesEveryInstanceAndLogs) {
   OverrideReport r = apply_overrides(tree, "model", {"titan"});
   EXPECT_EQ(r.replaced, 3);
   ASSERT_EQ(r.lines.size(), 4u);
-  EXPECT_EQ(r.lines[0], "[Override] my_rope: model.layers.0.attention.rope CosSinRoPE.Config -> MyRoPE.Config");
+  EXPECT_EQ(r.lines[0],
+            "[Override] my_rope: model.layers.0.attention.rope CosSinRoPE.Config -> MyRoPE.Config");
   EXPECT_EQ(r.lines[3], "Applied 3 override(s)");
   EXPECT_EQ(tree->find("layers.2.attention.rope")->type, "MyRoPE.Config");
 }
 
 TEST_F(OverrideTest, FqnGlobsSelectNodes) {
-  Registry::global().add_override(make("my_rope", "RoPE.Config", {"model.layers.1[0-9].attention.rope"}));
+  Registry::global().add_override(
+      make("my_rope", "RoPE.Config", {"model.layers.1[0-9].attention.rope"}));
   auto tree = qwen3::build_module_tree(args(12), 64);
   EXPECT_EQ(apply_overrides(tree, "model", {"titan"}).replaced, 2);
   EXPECT_EQ(tree->find("layers.9.attention.rope")->type, "CosSinRoPE.Config");
@@ -113,7 +117,8 @@ TEST_F(OverrideTest, SameNodeAndAncestorConflicts) {
   Registry::global().reset();
   Registry::global().add_module_type({"MyAttn.Config", {"Attention.Config"}, {}});
   Registry::global().add_module_type({"MyRoPE.Config", {"RoPE.Config"}, {{"op", "cos_sin_rope"}}});
-  Registry::global().add_override(make("attn", "Attention.Config", {"model.layers.0.attention"}, false, "MyAttn.Config"));
+  Registry::global().add_override(
+      make("attn", "Attention.Config", {"model.layers.0.attention"}, false, "MyAttn.Config"));
   Registry::global().add_override(make("rope", "RoPE.Config"));
   tree = qwen3::build_module_tree(args(2), 64);
   EXPECT_EQ(error_of(tree),
@@ -131,15 +136,16 @@ TEST_F(OverrideTest, RootClaimUnknownAndDuplicateNames) {
     Registry::global().add_override(make("x", "NoSuch.Config"));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("must be a registered module config type, got 'NoSuch.Config'"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(e.what()).find("must be a registered module config type, got 'NoSuch.Config'"),
+        std::string::npos);
   }
 }
 
 TEST_F(OverrideTest, OnlyImportedOverridesApply) {
   Registry::global().add_override(make("my_rope", "RoPE.Config"));
   auto tree = qwen3::build_module_tree(args(2), 64);
-  EXPECT_EQ(apply_overrides(tree, "model", {}).replaced, 0);          // empty imports: no-op
+  EXPECT_EQ(apply_overrides(tree, "model", {}).replaced, 0);            // empty imports: no-op
   EXPECT_EQ(apply_overrides(tree, "model", {"other.so"}).replaced, 0);  // provenance filter
   EXPECT_EQ(tree->find("layers.0.attention.rope")->type, "CosSinRoPE.Config");
 }
@@ -151,15 +157,16 @@ TEST_F(OverrideTest, DeriveRules) {
   src.fields = {{"op", "s_op"}, {"theta", "5"}, {"source_only", "x"}};
   auto n = config::derive(src, target, {{"op", "delta_op"}});
   EXPECT_EQ(n->type, "T.Config");
-  EXPECT_EQ(n->fields.at("op"), "delta_op");   // delta wins
-  EXPECT_EQ(n->fields.at("theta"), "5");       // copied from the source
-  EXPECT_EQ(n->fields.at("extra"), "e");       // target default
+  EXPECT_EQ(n->fields.at("op"), "delta_op");     // delta wins
+  EXPECT_EQ(n->fields.at("theta"), "5");         // copied from the source
+  EXPECT_EQ(n->fields.at("extra"), "e");         // target default
   EXPECT_FALSE(n->fields.count("source_only"));  // dropped
   try {
     config::derive(src, target, {{"nope", "1"}, {"also", "2"}});
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "derive() got deltas for fields not on T.Config: [also, nope]");
+    EXPECT_EQ(std::string(e.what()),
+              "derive() got deltas for fields not on T.Config: [also, nope]");
   }
 }
 
@@ -172,10 +179,13 @@ TEST(Plugin, LoaderErrorsAreClear) {
     }
     return std::string();
   };
-  EXPECT_NE(msg("/nonexistent/libx.so").find("cannot load plugin '/nonexistent/libx.so'"), std::string::npos);
-  EXPECT_NE(msg(plugin("titan_test_no_register")).find("lacks the entry point titan_plugin_register"),
+  EXPECT_NE(msg("/nonexistent/libx.so").find("cannot load plugin '/nonexistent/libx.so'"),
             std::string::npos);
-  EXPECT_NE(msg(plugin("titan_test_bad_version")).find("plugin API version 999"), std::string::npos);
+  EXPECT_NE(
+      msg(plugin("titan_test_no_register")).find("lacks the entry point titan_plugin_register"),
+      std::string::npos);
+  EXPECT_NE(msg(plugin("titan_test_bad_version")).find("plugin API version 999"),
+            std::string::npos);
   Registry::global().reset();
 }
 
@@ -229,9 +239,10 @@ TEST(Plugin, ThrowingKernelGivesAClearError) {
     t.step();
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("RoPE op 'throwing_rope' failed in the forward of layer 0: "
-                                         "throwing_rope: device fault"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("RoPE op 'throwing_rope' failed in the forward of layer 0: "
+                                   "throwing_rope: device fault"),
+        std::string::npos)
         << e.what();
   }
   Registry::global().reset();

@@ -19,7 +19,8 @@ namespace {
 
 const char* kUsage =
     "usage: titan train --config NAME [--section.field value ...]\n"
-    "       titan eval --config NAME [--model.hf_assets_path DIR | --checkpoint.initial_load_path P]\n"
+    "       titan eval --config NAME [--model.hf_assets_path DIR | --checkpoint.initial_load_path "
+    "P]\n"
     "                  [--eval.tokens_path F.safetensors [--eval.logits_out OUT.safetensors]]\n"
     "       titan check-kernel --config NAME --override.imports LIB[,LIB] [flags]\n"
     "       titan config show --config NAME [--section.field value ...]\n"

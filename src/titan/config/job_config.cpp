@@ -173,9 +173,9 @@ void apply_flags(JobConfig& c, const std::vector<std::string>& args) {
                   "? ('titan config show' lists every field)");
     if (!has_value) {
       if (std::holds_alternative<bool*>(it->ref)) {
-        bool next_is_bool = i + 1 < args.size() &&
-                            (args[i + 1] == "true" || args[i + 1] == "false" ||
-                             args[i + 1] == "True" || args[i + 1] == "False");
+        bool next_is_bool =
+            i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false" ||
+                                    args[i + 1] == "True" || args[i + 1] == "False");
         value = next_is_bool ? args[++i] : "true";
       } else {
         if (i + 1 >= args.size()) throw Error("--" + name + " needs a value");
@@ -236,8 +236,7 @@ std::string to_string(JobConfig& c) {
             std::string v = shortest(*p);  // TOML floats need a '.', 'e', "inf" or "nan"
             if (v.find_first_of(".eEn") == std::string::npos) v += ".0";
             os << v;
-          }
-          else if constexpr (std::is_same_v<T, bool>)
+          } else if constexpr (std::is_same_v<T, bool>)
             os << (*p ? "true" : "false");
           else
             os << *p;
@@ -361,7 +360,8 @@ void validate(const JobConfig& c) {
         "training.global_batch_size (" + std::to_string(t.global_batch_size) +
             ") must be -1 or a multiple of training.local_batch_size (" +
             std::to_string(t.local_batch_size) + ")");
-  check(c.optimizer.name == "AdamW", "optimizer.name '" + c.optimizer.name + "' is not supported; use AdamW");
+  check(c.optimizer.name == "AdamW",
+        "optimizer.name '" + c.optimizer.name + "' is not supported; use AdamW");
   check(c.optimizer.lr >= 0, "optimizer.lr must not be negative");
   check(c.lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
   const std::string& dt = c.lr_scheduler.decay_type;

@@ -48,8 +48,8 @@ struct LRSchedulerConfig {
 struct MetricsConfig {
   int64_t log_freq = 10;
   bool disable_color_printing = false;
-  bool enable_jsonl = true;   // {dump_folder}/metrics.jsonl
-  double peak_flops = 0;      // FLOP/s for MFU; 0 = measure with a GEMM probe at start
+  bool enable_jsonl = true;  // {dump_folder}/metrics.jsonl
+  double peak_flops = 0;     // FLOP/s for MFU; 0 = measure with a GEMM probe at start
 };
 
 struct DataLoaderConfig {
@@ -69,7 +69,7 @@ struct CheckpointConfig {
   bool enable = false;
   std::string folder = "checkpoint";  // relative to dump_folder
   int64_t interval = 500;
-  std::string initial_load_path;      // absolute
+  std::string initial_load_path;  // absolute
   bool initial_load_model_only = true;
   bool initial_load_in_hf = false;
   bool last_save_model_only = true;
@@ -81,9 +81,10 @@ struct CheckpointConfig {
 
 // titan eval: mean loss / perplexity over dataset batches, or logits for given token ids.
 struct EvalConfig {
-  int64_t steps = 10;        // batches of the dataset to average over
-  std::string tokens_path;   // safetensors with input_ids [B,S] (and optional labels): evaluate these
-  std::string logits_out;    // write the logits for tokens_path here (safetensors)
+  int64_t steps = 10;  // batches of the dataset to average over
+  std::string
+      tokens_path;         // safetensors with input_ids [B,S] (and optional labels): evaluate these
+  std::string logits_out;  // write the logits for tokens_path here (safetensors)
 };
 
 struct DebugConfig {

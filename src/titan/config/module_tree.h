@@ -16,8 +16,8 @@
 namespace titan::config {
 
 struct ModuleNode {
-  std::string type;                          // e.g. "CosSinRoPE.Config"
-  std::vector<std::string> bases;            // e.g. {"RoPE.Config"}
+  std::string type;                           // e.g. "CosSinRoPE.Config"
+  std::vector<std::string> bases;             // e.g. {"RoPE.Config"}
   std::map<std::string, std::string> fields;  // e.g. {"op": "cos_sin_rope", "theta": "1000000"}
   std::vector<std::pair<std::string, std::shared_ptr<ModuleNode>>> children;
 

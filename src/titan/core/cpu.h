@@ -9,10 +9,10 @@ struct Features {
   bool avx2 = false, fma = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false;
 };
 const Features& features();
-std::string describe();          // e.g. "AMD EPYC ... (avx2 fma)"
-int num_threads();               // OpenMP threads the kernels use
-int64_t total_memory_bytes();    // MemTotal
-int64_t peak_rss_bytes();        // VmHWM of this process
-double now_seconds();            // monotonic clock
+std::string describe();        // e.g. "AMD EPYC ... (avx2 fma)"
+int num_threads();             // OpenMP threads the kernels use
+int64_t total_memory_bytes();  // MemTotal
+int64_t peak_rss_bytes();      // VmHWM of this process
+double now_seconds();          // monotonic clock
 
 }  // namespace titan::cpu

@@ -6,7 +6,8 @@ namespace titan::log {
 
 void info(const std::string& msg);
 void warn(const std::string& msg);
-// Colors on the console (torchtitan's metrics colors); off when stdout is not a TTY or when disabled.
+// Colors on the console (torchtitan's metrics colors); off when stdout is not a TTY or when
+// disabled.
 void set_color(bool enabled);
 bool color();
 

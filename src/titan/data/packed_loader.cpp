@@ -34,7 +34,8 @@ void PackedLoader::refill() {
       empty_docs = 0;
       if (opt_.shuffle) {  // Fisher-Yates with a counter-based stream per epoch
         for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i) {
-          uint64_t r = random_u64(opt_.seed, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(i));
+          uint64_t r =
+              random_u64(opt_.seed, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(i));
           std::swap(order_[i], order_[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
         }
       }
@@ -80,10 +81,17 @@ nlohmann::json PackedLoader::state() const {
   auto tail = [&](const std::vector<int32_t>& v) {
     return std::vector<int32_t>(v.begin() + static_cast<long>(head_), v.end());
   };
-  return {{"version", 1},          {"documents", docs_.size()}, {"dp_rank", opt_.dp_rank},
-          {"dp_world", opt_.dp_world}, {"seq_len", opt_.seq_len},   {"epoch", epoch_},
-          {"cursor", cursor_},     {"order", order_},           {"input", tail(in_)},
-          {"labels", tail(lab_)},  {"positions", tail(pos_)}};
+  return {{"version", 1},
+          {"documents", docs_.size()},
+          {"dp_rank", opt_.dp_rank},
+          {"dp_world", opt_.dp_world},
+          {"seq_len", opt_.seq_len},
+          {"epoch", epoch_},
+          {"cursor", cursor_},
+          {"order", order_},
+          {"input", tail(in_)},
+          {"labels", tail(lab_)},
+          {"positions", tail(pos_)}};
 }
 
 void PackedLoader::restore(const nlohmann::json& s) {

@@ -51,7 +51,8 @@ namespace {
 
 std::vector<fs::path> list_files(const std::string& path) {
   std::error_code ec;
-  check(fs::exists(path, ec), "dataset path '" + path + "' does not exist; set dataloader.dataset_path");
+  check(fs::exists(path, ec),
+        "dataset path '" + path + "' does not exist; set dataloader.dataset_path");
   std::vector<fs::path> files;
   if (fs::is_directory(path, ec)) {
     for (const auto& e : fs::directory_iterator(path)) {

@@ -33,9 +33,9 @@ __attribute__((always_inline)) inline v8f load8(const float* p) {
 __attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 
 template <int NV>
-__attribute__((always_inline)) inline void rank_update_block(const float* __restrict__ c, int64_t cr, int64_t cs,
-                              const float* __restrict__ src, int64_t lds, int64_t r, int64_t nr,
-                              int64_t ns, int64_t col, float* __restrict__ out, int64_t ldo) {
+__attribute__((always_inline)) inline void rank_update_block(
+    const float* __restrict__ c, int64_t cr, int64_t cs, const float* __restrict__ src, int64_t lds,
+    int64_t r, int64_t nr, int64_t ns, int64_t col, float* __restrict__ out, int64_t ldo) {
   if (r + 2 <= nr) {
     v8f a0[NV], a1[NV];
     for (int v = 0; v < NV; ++v) {
@@ -67,13 +67,14 @@ __attribute__((always_inline)) inline void rank_update_block(const float* __rest
   }
 }
 
-TITAN_CLONES void rank_update(const float* c, int64_t cr, int64_t cs, const float* src,
-                              int64_t lds, int64_t nr, int64_t ns, int64_t n, float* out,
-                              int64_t ldo) {
+TITAN_CLONES void rank_update(const float* c, int64_t cr, int64_t cs, const float* src, int64_t lds,
+                              int64_t nr, int64_t ns, int64_t n, float* out, int64_t ldo) {
   for (int64_t r = 0; r < nr; r += 2) {
     int64_t col = 0;
-    for (; col + 32 <= n; col += 32) rank_update_block<4>(c, cr, cs, src, lds, r, nr, ns, col, out, ldo);
-    for (; col + 8 <= n; col += 8) rank_update_block<1>(c, cr, cs, src, lds, r, nr, ns, col, out, ldo);
+    for (; col + 32 <= n; col += 32)
+      rank_update_block<4>(c, cr, cs, src, lds, r, nr, ns, col, out, ldo);
+    for (; col + 8 <= n; col += 8)
+      rank_update_block<1>(c, cr, cs, src, lds, r, nr, ns, col, out, ldo);
     for (; col < n; ++col)
       for (int64_t rr = r; rr < std::min(nr, r + 2); ++rr) {
         float acc = out[rr * ldo + col];
@@ -273,8 +274,8 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
                    float* dq, float* dk, float* dv, float* delta, float* workspace) {
   const int64_t d = s.d, group = s.Hq / s.Hkv, ldo = s.Hq * d, Sp = padded_seq(s);
   const int64_t nqt = (s.S + kBr - 1) / kBr, nkt = (s.S + kBc - 1) / kBc;
-  float* kT = workspace;                     // [B, Hkv, d, Sp]
-  float* vT = kT + s.B * s.Hkv * d * Sp;     // [B, Hkv, d, Sp]
+  float* kT = workspace;                  // [B, Hkv, d, Sp]
+  float* vT = kT + s.B * s.Hkv * d * Sp;  // [B, Hkv, d, Sp]
   float* thread_base = vT + s.B * s.Hkv * d * Sp;
   transpose_heads(k, s.ldk, s.B, s.S, s.Hkv, d, Sp, kT);
   transpose_heads(v, s.ldv, s.B, s.S, s.Hkv, d, Sp, vT);

@@ -77,7 +77,8 @@ TITAN_CLONES void add_row(const float* a, const float* b, float* out, int64_t n)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-constexpr int64_t kChunk = 1 << 14;  // elementwise work unit: fixed, so results never depend on threads
+constexpr int64_t kChunk =
+    1 << 14;  // elementwise work unit: fixed, so results never depend on threads
 
 }  // namespace
 
@@ -86,7 +87,8 @@ void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V,
   for (int64_t t = 0; t < T; ++t)
     check(ids[t] >= 0 && ids[t] < V, "token id " + std::to_string(ids[t]) + " at position " +
                                          std::to_string(t) + " is outside the vocabulary [0, " +
-                                         std::to_string(V) + "); check the tokenizer and model.vocab_size");
+                                         std::to_string(V) +
+                                         "); check the tokenizer and model.vocab_size");
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) std::copy_n(table + ids[t] * D, D, out + t * D);
 }

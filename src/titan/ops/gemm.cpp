@@ -38,7 +38,8 @@ Entry& lookup(const Key& key) {
   if (it != c.cache.end()) return *it->second;
   auto [ta, tb, M, N, K, lda, ldb, ldc, acc] = key;
   const auto f32 = memory::data_type::f32;
-  // A logical [M,K]: stored [M,K] with row stride lda, or stored [K,M] (transposed) with row stride lda.
+  // A logical [M,K]: stored [M,K] with row stride lda, or stored [K,M] (transposed) with row stride
+  // lda.
   memory::desc a_md({M, K}, f32, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
   memory::desc b_md({K, N}, f32, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
   memory::desc c_md({M, N}, f32, memory::dims{ldc, 1});
@@ -69,8 +70,8 @@ Entry& lookup(const Key& key) {
 
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
   Entry& e = lookup(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate});
   e.a.set_data_handle(const_cast<float*>(A));

@@ -13,8 +13,8 @@
 
 namespace titan::ops {
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
 // Linear layer y[M,out] = x[M,in] · w[out,in]ᵀ (PyTorch nn.Linear, no bias).
 inline void linear_fwd(const float* x, const float* w, float* y, int64_t M, int64_t in,

@@ -30,9 +30,11 @@ void Registry::add_builtins() {
   ops::RopeOp rope;
   rope.name = "cos_sin_rope";
   rope.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
-                    const int32_t* pos, const float* cs) { ops::rope_fwd(x, B * S, H, d, ldx, pos, cs); };
+                    const int32_t* pos,
+                    const float* cs) { ops::rope_fwd(x, B * S, H, d, ldx, pos, cs); };
   rope.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
-                     const int32_t* pos, const float* cs) { ops::rope_bwd(x, B * S, H, d, ldx, pos, cs); };
+                     const int32_t* pos,
+                     const float* cs) { ops::rope_bwd(x, B * S, H, d, ldx, pos, cs); };
   add_rope_op(rope);
 }
 
@@ -61,8 +63,8 @@ void Registry::add_module_type(const config::ModuleType& type) {
                                       "' is already registered; plugin '" + origin_ +
                                       "' must pick another name");
   for (const auto& b : type.bases)
-    check(types_.count(b), "module config type '" + type.name + "' derives from unknown type '" +
-                               b + "'");
+    check(types_.count(b),
+          "module config type '" + type.name + "' derives from unknown type '" + b + "'");
   types_[type.name] = type;
 }
 
@@ -77,10 +79,13 @@ void Registry::add_rope_op(const ops::RopeOp& op) {
 void Registry::add_override(const Override& o) {
   for (const auto& e : overrides_)
     check(e.name != o.name, "Override '" + o.name + "' is already registered (by module '" +
-                                e.origin + "'). Each override name must be unique across all "
-                                           "imported modules.");
-  check(types_.count(o.target), "override('" + o.name + "', target=...) must be a registered module "
-                                "config type, got '" + o.target + "'");
+                                e.origin +
+                                "'). Each override name must be unique across all "
+                                "imported modules.");
+  check(types_.count(o.target), "override('" + o.name +
+                                    "', target=...) must be a registered module "
+                                    "config type, got '" +
+                                    o.target + "'");
   check(static_cast<bool>(o.factory), "override '" + o.name + "' has no factory");
   Override copy = o;
   copy.origin = origin_;
@@ -95,8 +100,9 @@ const config::ModuleType& Registry::module_type(const std::string& name) const {
 
 const ops::RopeOp& Registry::rope_op(const std::string& name) const {
   auto it = ropes_.find(name);
-  check(it != ropes_.end(), "no RoPE op named '" + name + "' is registered (load its plugin with "
-                                                          "--override.imports or --module)");
+  check(it != ropes_.end(), "no RoPE op named '" + name +
+                                "' is registered (load its plugin with "
+                                "--override.imports or --module)");
   return it->second;
 }
 
@@ -109,7 +115,8 @@ std::string Registry::load(const std::string& lib) {
     if (!h) err += "; " + std::string(dlerror());
   }
   check(h != nullptr, "cannot load plugin '" + lib + "': " + err);
-  auto version = reinterpret_cast<titan_plugin_api_version_fn>(dlsym(h, "titan_plugin_api_version"));
+  auto version =
+      reinterpret_cast<titan_plugin_api_version_fn>(dlsym(h, "titan_plugin_api_version"));
   auto reg = reinterpret_cast<titan_plugin_register_fn>(dlsym(h, "titan_plugin_register"));
   if (!version || !reg) {
     dlclose(h);
@@ -141,7 +148,8 @@ std::vector<std::string> split_list(const std::string& s) {
   size_t start = 0;
   while (start <= s.size()) {
     size_t comma = s.find(',', start);
-    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string item =
+        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!item.empty()) r.push_back(item);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -184,14 +192,17 @@ OverrideReport apply_overrides(std::shared_ptr<config::ModuleNode>& root,
   for (const auto& ov : reg.overrides())
     if (origins.count(ov.origin)) collect(ov, root.get(), nullptr, 0, root_fqn, &claims);
   for (size_t i = 0; i < claims.size(); ++i) {
-    check(claims[i].parent != nullptr, "Override '" + claims[i].ov->name + "' claims root config '" +
-                                           claims[i].fqn + "', which cannot be replaced in place.");
+    check(claims[i].parent != nullptr, "Override '" + claims[i].ov->name +
+                                           "' claims root config '" + claims[i].fqn +
+                                           "', which cannot be replaced in place.");
     for (size_t j = 0; j < i; ++j) {
       const Claim &a = claims[j], &b = claims[i];
       if (a.fqn == b.fqn)
         throw Error("Overrides '" + a.ov->name + "' and '" + b.ov->name + "' both claim node '" +
                     a.fqn + "'. Narrow their `fqns` selectors so they target disjoint nodes.");
-      const Claim* anc = b.fqn.rfind(a.fqn + ".", 0) == 0 ? &a : a.fqn.rfind(b.fqn + ".", 0) == 0 ? &b : nullptr;
+      const Claim* anc = b.fqn.rfind(a.fqn + ".", 0) == 0   ? &a
+                         : a.fqn.rfind(b.fqn + ".", 0) == 0 ? &b
+                                                            : nullptr;
       if (anc) {
         const Claim* desc = anc == &a ? &b : &a;
         throw Error("Override '" + anc->ov->name + "' claims '" + anc->fqn + "', an ancestor of '" +
@@ -216,8 +227,10 @@ OverrideReport apply_overrides(std::shared_ptr<config::ModuleNode>& root,
   if (rep.replaced == 0) {
     std::string list;
     for (const auto& i : imports) list += (list.empty() ? "" : ", ") + ("'" + i + "'");
-    log::warn("override.imports=[" + list + "] produced no replacements. Check that the imported "
-              "modules register overrides whose `target` and `fqns` match nodes in the config tree.");
+    log::warn(
+        "override.imports=[" + list +
+        "] produced no replacements. Check that the imported "
+        "modules register overrides whose `target` and `fqns` match nodes in the config tree.");
   }
   return rep;
 }

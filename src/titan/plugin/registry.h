@@ -47,7 +47,8 @@ class Registry : public Host {
 };
 
 struct OverrideReport {
-  std::vector<std::string> lines;  // "[Override] name: fqn Old -> New", then "Applied N override(s)"
+  std::vector<std::string>
+      lines;  // "[Override] name: fqn Old -> New", then "Applied N override(s)"
   int replaced = 0;
 };
 
@@ -56,8 +57,7 @@ struct OverrideReport {
 // Throws titan::Error for two overrides on one node, one on an ancestor of another's node, or a
 // claim of the root. Logs each line; warns when imports are given but nothing is replaced.
 OverrideReport apply_overrides(std::shared_ptr<config::ModuleNode>& root,
-                               const std::string& root_fqn,
-                               const std::vector<std::string>& imports,
+                               const std::string& root_fqn, const std::vector<std::string>& imports,
                                const Registry& reg = Registry::global());
 
 // Splits "a.so,b.so" (the --override.imports form).

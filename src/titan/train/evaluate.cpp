@@ -33,12 +33,14 @@ std::vector<int32_t> read_ids(const ckpt::TensorView& t, const std::string& file
 
 void load_weights(qwen3::Qwen3Model& m, const config::JobConfig& cfg) {
   if (!cfg.checkpoint.initial_load_path.empty())
-    ckpt::load_model_weights(m, cfg.checkpoint.initial_load_path, cfg.checkpoint.initial_load_in_hf);
+    ckpt::load_model_weights(m, cfg.checkpoint.initial_load_path,
+                             cfg.checkpoint.initial_load_in_hf);
   else if (!cfg.model.hf_assets_path.empty())
     ckpt::load_model_weights(m, cfg.model.hf_assets_path, true);
   else
-    throw Error("titan eval needs weights: set model.hf_assets_path (a Hugging Face directory) or "
-                "checkpoint.initial_load_path");
+    throw Error(
+        "titan eval needs weights: set model.hf_assets_path (a Hugging Face directory) or "
+        "checkpoint.initial_load_path");
 }
 
 }  // namespace
@@ -56,7 +58,8 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     const int64_t B = ids_t->shape[0], S = ids_t->shape[1], T = B * S, V = args.vocab_size;
     std::vector<int32_t> hf_labels = input;
     if (const ckpt::TensorView* l = set.find("labels")) {
-      check(l->shape == ids_t->shape, cfg.eval.tokens_path + ": labels and input_ids differ in shape");
+      check(l->shape == ids_t->shape,
+            cfg.eval.tokens_path + ": labels and input_ids differ in shape");
       hf_labels = read_ids(*l, cfg.eval.tokens_path);
     }
     std::vector<int32_t> labels(T), positions(T);
@@ -89,14 +92,16 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     lo.batch = t.local_batch_size;
     lo.seq_len = t.seq_len;
     lo.shuffle = false;
-    data::PackedLoader loader(data::load_documents(cfg.dataloader.dataset, cfg.dataloader.dataset_path),
-                              data::ByteTokenizer(), lo);
+    data::PackedLoader loader(
+        data::load_documents(cfg.dataloader.dataset, cfg.dataloader.dataset_path),
+        data::ByteTokenizer(), lo);
     const int64_t T = t.local_batch_size * t.seq_len;
     std::vector<int32_t> in(T), lab(T), pos(T);
     check(cfg.eval.steps > 0, "eval.steps must be positive");
     for (int64_t i = 0; i < cfg.eval.steps; ++i) {
       loader.next(in.data(), lab.data(), pos.data());
-      ops::LossSum ls = m.forward_loss({t.local_batch_size, t.seq_len, in.data(), lab.data(), pos.data()});
+      ops::LossSum ls =
+          m.forward_loss({t.local_batch_size, t.seq_len, in.data(), lab.data(), pos.data()});
       sum += ls.sum;
       count += ls.count;
     }

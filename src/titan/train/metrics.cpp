@@ -59,8 +59,8 @@ MetricsWriter::MetricsWriter(const std::string& jsonl_path, bool color) : color_
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path(), ec);
   jsonl_.open(jsonl_path, std::ios::app);
-  check(jsonl_.good(), "cannot open metrics file '" + jsonl_path +
-                           "' for writing; check dump_folder");
+  check(jsonl_.good(),
+        "cannot open metrics file '" + jsonl_path + "' for writing; check dump_folder");
 }
 
 void MetricsWriter::log(const StepMetrics& m) {

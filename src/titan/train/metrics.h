@@ -15,7 +15,8 @@ struct StepMetrics {
   int64_t n_tokens_seen = 0;
 };
 
-// "step:  1  loss:  7.62461  grad_norm:  1.2345  memory:  0.52GiB(2.17%)  tps: 1,234  tflops: 0.12  mfu: 1.23%"
+// "step:  1  loss:  7.62461  grad_norm:  1.2345  memory:  0.52GiB(2.17%)  tps: 1,234  tflops: 0.12
+// mfu: 1.23%"
 std::string format_console(const StepMetrics& m, bool color);
 std::string format_jsonl(const StepMetrics& m);
 // 1234567 -> "1,234,567"

@@ -27,7 +27,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   check(tok.vocab_size() <= args_.vocab_size,
         "the tokenizer has " + std::to_string(tok.vocab_size()) + " ids but model.vocab_size is " +
             std::to_string(args_.vocab_size) + "; raise model.vocab_size");
-  if (docs.empty()) docs = data::load_documents(cfg_.dataloader.dataset, cfg_.dataloader.dataset_path);
+  if (docs.empty())
+    docs = data::load_documents(cfg_.dataloader.dataset, cfg_.dataloader.dataset_path);
   data::LoaderOptions lo;
   lo.batch = t.local_batch_size;
   lo.seq_len = t.seq_len;
@@ -143,9 +144,11 @@ void Trainer::train() {
             " total parameters");
   const int64_t per_rank = t.local_batch_size * t.seq_len;
   log::info("Trainer is initialized with " + with_commas(per_rank) + " tokens per DP rank, " +
-            with_commas(per_rank * grad_accum_) + " tokens per train step, gradient accumulation "
-            "steps " + std::to_string(grad_accum_) + ", maximum context length " +
-            std::to_string(t.seq_len) + ", total steps " + std::to_string(t.steps) + " (warmup " +
+            with_commas(per_rank * grad_accum_) +
+            " tokens per train step, gradient accumulation "
+            "steps " +
+            std::to_string(grad_accum_) + ", maximum context length " + std::to_string(t.seq_len) +
+            ", total steps " + std::to_string(t.steps) + " (warmup " +
             std::to_string(sched_.warmup_steps) + ")");
   log::info("Training starts at step " + std::to_string(step_ + 1));
 

@@ -140,7 +140,8 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
-                         ::testing::Values("tied_gqa2", "untied_gqa1", "untied_gqa4", "tied_hd_eq"));
+                         ::testing::Values("tied_gqa2", "untied_gqa1", "untied_gqa4",
+                                           "tied_hd_eq"));
 
 }  // namespace
 }  // namespace titan::qwen3

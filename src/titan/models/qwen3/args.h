@@ -13,10 +13,10 @@ struct Qwen3Args {
   int64_t n_heads = 16;
   int64_t n_kv_heads = 8;
   int64_t head_dim = 128;
-  int64_t hidden_dim = 3072;      // SwiGLU inner size (given explicitly, no 2/3 rule)
+  int64_t hidden_dim = 3072;  // SwiGLU inner size (given explicitly, no 2/3 rule)
   double rope_theta = 1e6;
   float norm_eps = 1e-6f;
-  int64_t max_seq_len = 4096;     // the flavor's maximum context (RoPE table limit)
+  int64_t max_seq_len = 4096;  // the flavor's maximum context (RoPE table limit)
   bool tie_embeddings = true;
   std::string attn_mask_type = "block_causal";  // block_causal | causal
 

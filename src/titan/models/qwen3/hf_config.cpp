@@ -11,8 +11,9 @@ using nlohmann::json;
 Qwen3Args args_from_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream f(path);
-  check(f.good(), path + ": cannot read; model.hf_assets_path must be a Hugging Face model "
-                         "directory with config.json");
+  check(f.good(), path +
+                      ": cannot read; model.hf_assets_path must be a Hugging Face model "
+                      "directory with config.json");
   json cfg = json::parse(f, nullptr, false);
   check(!cfg.is_discarded() && cfg.is_object(), path + ": not a valid JSON object");
   return args_from_hf_json(cfg, path);
@@ -36,8 +37,9 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
     bool ok = false;
     for (const auto& a : cfg["architectures"]) ok |= a == "Qwen3ForCausalLM";
     if (!ok)
-      fail("architectures", cfg["architectures"].dump() +
-                                " is not supported; titan builds Qwen3ForCausalLM from config.json");
+      fail("architectures",
+           cfg["architectures"].dump() +
+               " is not supported; titan builds Qwen3ForCausalLM from config.json");
   }
   if (cfg.contains("model_type") && cfg["model_type"] != "qwen3")
     fail("model_type", cfg["model_type"].dump() + " is not supported; expected \"qwen3\"");
@@ -51,10 +53,10 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
                      ? get_int("num_key_value_heads")
                      : a.n_heads;
   a.head_dim = cfg.contains("head_dim") && !cfg["head_dim"].is_null() ? get_int("head_dim")
-                                                                        : a.dim / a.n_heads;
+                                                                      : a.dim / a.n_heads;
   a.hidden_dim = get_int("intermediate_size");
-  a.max_seq_len = cfg.contains("max_position_embeddings") ? get_int("max_position_embeddings")
-                                                          : 32768;
+  a.max_seq_len =
+      cfg.contains("max_position_embeddings") ? get_int("max_position_embeddings") : 32768;
   if (cfg.contains("rms_norm_eps")) {
     if (!cfg["rms_norm_eps"].is_number()) fail("rms_norm_eps", "must be a number");
     a.norm_eps = cfg["rms_norm_eps"].get<float>();
@@ -76,7 +78,8 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
   auto check_type = [&](const json& rp, const char* field) {
     for (const char* k : {"rope_type", "type"})
       if (rp.contains(k) && rp[k] != "default")
-        fail(field, "asks for RoPE type " + rp[k].dump() + ", which is not implemented (only default)");
+        fail(field,
+             "asks for RoPE type " + rp[k].dump() + ", which is not implemented (only default)");
   };
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
     if (!cfg["rope_scaling"].is_object()) fail("rope_scaling", "must be an object or null");

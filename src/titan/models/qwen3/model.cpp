@@ -87,9 +87,11 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     ops::RopeOp builtin;
     builtin.name = "cos_sin_rope";
     builtin.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t hd, int64_t ldx,
-                         const int32_t* pos, const float* cs) { ops::rope_fwd(x, B * S, H, hd, ldx, pos, cs); };
+                         const int32_t* pos,
+                         const float* cs) { ops::rope_fwd(x, B * S, H, hd, ldx, pos, cs); };
     builtin.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t hd, int64_t ldx,
-                          const int32_t* pos, const float* cs) { ops::rope_bwd(x, B * S, H, hd, ldx, pos, cs); };
+                          const int32_t* pos,
+                          const float* cs) { ops::rope_bwd(x, B * S, H, hd, ldx, pos, cs); };
     rope_ops_.assign(static_cast<size_t>(L), builtin);
   }
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
@@ -192,8 +194,8 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
   const float eps = a_.norm_eps;
   float* P = params_buf_.data();
   float* G = grads_buf_.data();
-  const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)), Q, KV,
-                          QKV};
+  const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
+                          Q,   KV,  QKV};
   const ops::NormRows rows{T, 1, D, D, D};
   const ops::NormRows qrows{T, Hq, d, QKV, Q};
   const ops::NormRows krows{T, Hkv, d, QKV, KV};
@@ -248,8 +250,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
                        dqkv_ + Q + KV, delta_, attn_scratch_);
     call_rope(l, false, dq_, b, Hq, Q);
     call_rope(l, false, dkr_, b, Hkv, KV);
-    ops::rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm,
-                     norm_scratch_);
+    ops::rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
     ops::rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
                      norm_scratch_);
     ops::linear_bwd(dqkv_, s.xn1, P + w.wqkv, dxn_, G + w.wqkv, T, D, QKV);

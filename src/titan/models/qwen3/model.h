@@ -91,15 +91,15 @@ class Qwen3Model {
   std::vector<Layer> layers_;
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;
 
-  Buffer<float> rope_;        // [max_seq, head_dim] cos|sin
+  Buffer<float> rope_;                 // [max_seq, head_dim] cos|sin
   std::vector<ops::RopeOp> rope_ops_;  // per layer
-  Arena acts_;                // saved activations, all layers
-  std::vector<Saved> saved_;  // per layer views into acts_
+  Arena acts_;                         // saved activations, all layers
+  std::vector<Saved> saved_;           // per layer views into acts_
   float *h_final_, *xf_, *rstd_f_;
-  Arena work_;                // temporaries reused by every layer
+  Arena work_;  // temporaries reused by every layer
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,
       *delta_, *loss_scratch_;
-  Buffer<int32_t> seg_;       // attention segment starts for the current microbatch
+  Buffer<int32_t> seg_;  // attention segment starts for the current microbatch
 };
 
 }  // namespace titan::qwen3

@@ -23,7 +23,8 @@ std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_
     auto block = node("TransformerBlock.Config");
     auto attn = node("Attention.Config");
     auto rope = node("CosSinRoPE.Config");
-    rope->fields = {{"op", "cos_sin_rope"}, {"theta", theta.str()}, {"max_seq_len", std::to_string(seq_len)}};
+    rope->fields = {
+        {"op", "cos_sin_rope"}, {"theta", theta.str()}, {"max_seq_len", std::to_string(seq_len)}};
     attn->children.emplace_back("rope", rope);
     block->children.emplace_back("attention", attn);
     block->children.emplace_back("feed_forward", node("FeedForward.Config"));

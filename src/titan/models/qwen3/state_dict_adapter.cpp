@@ -78,14 +78,15 @@ void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const s
       continue;
     }
     if (t->shape != p->shape) {
-      bad_shape.push_back(key + " " + shape_str(t->shape) + " (expected " + shape_str(p->shape) + ")");
+      bad_shape.push_back(key + " " + shape_str(t->shape) + " (expected " + shape_str(p->shape) +
+                          ")");
       continue;
     }
   }
   for (const auto& key : set.names()) {
     if (wanted.count(key)) continue;
     if (key == "lm_head.weight" && model.args().tie_embeddings) continue;  // tied: optional
-    if (key.find("rotary_emb.inv_freq") != std::string::npos) continue;   // non-persistent buffer
+    if (key.find("rotary_emb.inv_freq") != std::string::npos) continue;    // non-persistent buffer
     unexpected.push_back(key);
   }
   if (!missing.empty() || !bad_shape.empty() || !unexpected.empty()) {
