@@ -6,8 +6,8 @@
 // byte-level symbols and merged by rank. Special tokens of tokenizer_config.json are registered
 // as torchtitan's HuggingFaceTokenizer does, and BOS/EOS follow its encode(add_bos, add_eos):
 // added only when the tokenizer has them and its post-processor does not add them already.
-// Encoding is const and thread-safe (the BPE word cache is sharded behind mutexes), so callers
-// may encode documents in parallel.
+// Encoding is const and thread-safe (each thread keeps its own BPE word cache, 2 MiB per
+// tokenizer), so callers may encode documents in parallel, e.g. with OpenMP.
 #pragma once
 #include <cstdint>
 #include <memory>
