@@ -7,6 +7,7 @@
 #include <string>
 
 #include "titan/core/error.h"
+#include "titan/ops/rope_op.h"
 #include "titan/ops/simd.h"
 
 namespace titan::ops {
@@ -172,6 +173,16 @@ void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h)
       rope_row(dx + t * ldx + h * d, cos_sin + positions[t] * d, d / 2, -1.0f);
+}
+
+RopeOp cos_sin_rope_op() {
+  RopeOp op;
+  op.name = "cos_sin_rope";
+  op.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
+                  const int32_t* pos, const float* cs) { rope_fwd(x, B * S, H, d, ldx, pos, cs); };
+  op.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
+                   const int32_t* pos, const float* cs) { rope_bwd(x, B * S, H, d, ldx, pos, cs); };
+  return op;
 }
 
 void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F) {

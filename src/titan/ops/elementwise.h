@@ -37,6 +37,10 @@ void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int3
 void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
               const float* cos_sin);
 
+// The two functions above as the built-in RoPE op ("cos_sin_rope") that modules call.
+struct RopeOp;
+RopeOp cos_sin_rope_op();
+
 // ---- SwiGLU: ab[T, 2F] holds a = w1·x (gate) in columns [0,F) and b = w3·x (up) in [F,2F);
 // g[T,F] = silu(a) ⊙ b.
 void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F);

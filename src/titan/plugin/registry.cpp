@@ -27,15 +27,7 @@ void Registry::add_builtins() {
   add_module_type({"CosSinRoPE.Config",
                    {"RoPE.Config"},
                    {{"op", "cos_sin_rope"}, {"theta", "1000000"}, {"max_seq_len", "0"}}});
-  ops::RopeOp rope;
-  rope.name = "cos_sin_rope";
-  rope.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
-                    const int32_t* pos,
-                    const float* cs) { ops::rope_fwd(x, B * S, H, d, ldx, pos, cs); };
-  rope.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
-                     const int32_t* pos,
-                     const float* cs) { ops::rope_bwd(x, B * S, H, d, ldx, pos, cs); };
-  add_rope_op(rope);
+  add_rope_op(ops::cos_sin_rope_op());
 }
 
 void Registry::reset() {

@@ -83,17 +83,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   params_buf_.resize(off);
   grads_buf_.resize(off);
 
-  if (rope_ops_.empty()) {
-    ops::RopeOp builtin;
-    builtin.name = "cos_sin_rope";
-    builtin.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t hd, int64_t ldx,
-                         const int32_t* pos,
-                         const float* cs) { ops::rope_fwd(x, B * S, H, hd, ldx, pos, cs); };
-    builtin.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t hd, int64_t ldx,
-                          const int32_t* pos,
-                          const float* cs) { ops::rope_bwd(x, B * S, H, hd, ldx, pos, cs); };
-    rope_ops_.assign(static_cast<size_t>(L), builtin);
-  }
+  if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
   rope_.resize(max_seq * d);
   ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
