@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test_util.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
 #include "titan/train/trainer.h"
@@ -31,22 +32,14 @@ std::string temp_dir(const std::string& name) {
 }
 
 config::JobConfig small(const std::string& dump) {
-  config::JobConfig c;
+  config::JobConfig c = titan::testing::tiny_model_job();
   c.dump_folder = dump;
-  c.model.n_layers = 2;
-  c.model.dim = 32;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.head_dim = 16;
-  c.model.hidden_dim = 64;
-  c.model.vocab_size = 260;
   c.training.local_batch_size = 2;
   c.training.seq_len = 32;
   c.training.steps = 4;
   c.lr_scheduler.warmup_steps = 1;
   c.optimizer.lr = 3e-3;
   c.debug.seed = 3;
-  c.metrics.enable_jsonl = false;
   c.checkpoint.enable = true;
   c.checkpoint.interval = 2;
   c.checkpoint.last_save_model_only = false;

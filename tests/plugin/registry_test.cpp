@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/module_tree.h"
 #include "titan/train/trainer.h"
@@ -196,19 +197,11 @@ std::vector<std::string> docs() {
 }
 
 config::JobConfig small(const std::string& imports, int64_t seq) {
-  config::JobConfig c;
-  c.model.n_layers = 2;
-  c.model.dim = 32;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.head_dim = 16;
-  c.model.hidden_dim = 64;
-  c.model.vocab_size = 260;
+  config::JobConfig c = titan::testing::tiny_model_job();
   c.training.local_batch_size = 2;
   c.training.seq_len = seq;
   c.training.steps = 3;
   c.debug.seed = 1;
-  c.metrics.enable_jsonl = false;
   c.override_.imports = imports;
   return c;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "titan/core/error.h"
 
 namespace titan::train {
@@ -22,21 +23,13 @@ std::vector<std::string> docs() {
 }
 
 config::JobConfig small() {
-  config::JobConfig c;
-  c.model.n_layers = 2;
-  c.model.dim = 32;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.head_dim = 16;
-  c.model.hidden_dim = 64;
-  c.model.vocab_size = 260;
+  config::JobConfig c = titan::testing::tiny_model_job();
   c.training.local_batch_size = 4;
   c.training.seq_len = 32;
   c.training.steps = 5;
   c.lr_scheduler.warmup_steps = 1;
   c.optimizer.lr = 3e-3;
   c.debug.seed = 7;
-  c.metrics.enable_jsonl = false;
   return c;
 }
 
