@@ -1,5 +1,12 @@
 // Shared test helpers.
 #pragma once
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
 #include "titan/config/job_config.h"
 
 namespace titan::testing {
@@ -17,6 +24,31 @@ inline config::JobConfig tiny_model_job() {
   c.model.vocab_size = 260;
   c.metrics.enable_jsonl = false;
   return c;
+}
+
+// The shared assets ($TITAN_ASSETS, else <repo>/../shared/assets).
+inline std::filesystem::path assets_dir() {
+  if (const char* env = std::getenv("TITAN_ASSETS"); env && *env) return env;
+  return std::filesystem::path(TITAN_SOURCE_DIR) / ".." / "shared" / "assets";
+}
+
+// Path of a required asset; throws (failing the test) with the path when it is absent.
+inline std::string asset(const std::string& rel) {
+  std::filesystem::path p = assets_dir() / rel;
+  if (!std::filesystem::exists(p)) {
+    throw std::runtime_error("missing test asset " + p.string() +
+                             " (set TITAN_ASSETS to the shared assets directory)");
+  }
+  return p.string();
+}
+
+// A fresh temporary directory for one test (removed first if it exists).
+inline std::string fresh_temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("titan_" + name + "_" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
 }
 
 }  // namespace titan::testing

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build tiny random Hugging Face Qwen3 models plus reference numbers for titan.cpp parity tests.
+"""Build tiny random Hugging Face Qwen3 / Qwen3-MoE models plus reference numbers for titan.cpp parity tests.
 
     .venv/bin/python tools/make_hf_fixtures.py --out tests/fixtures/hf
 
@@ -39,7 +39,7 @@ import safetensors
 import safetensors.torch
 import torch
 import transformers
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 B, S = 2, 16
 SEED_BASE = 20240817
@@ -69,6 +69,23 @@ FIXTURES = [
     ("tied_hd_eq", dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, intermediate_size=128, tie_word_embeddings=True)),
 ]
+
+
+# Qwen3-MoE fixtures (Qwen3MoeForCausalLM). The auxiliary loss is on (output_router_logits) with a large
+# coefficient so its gradient is visible; one fixture keeps a dense layer through mlp_only_layers.
+MOE_COMMON = dict(vocab_size=1000, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=64, moe_intermediate_size=24, decoder_sparse_step=1)
+MOE_FIXTURES = [
+    ("moe_norm", dict(MOE_COMMON, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                      mlp_only_layers=[], output_router_logits=True, router_aux_loss_coef=0.05,
+                      tie_word_embeddings=False)),
+    ("moe_nonorm_dense1", dict(MOE_COMMON, num_hidden_layers=3, num_experts=6, num_experts_per_tok=3,
+                               norm_topk_prob=False, mlp_only_layers=[1], output_router_logits=True,
+                               router_aux_loss_coef=0.05, tie_word_embeddings=True)),
+    ("moe_noaux", dict(MOE_COMMON, num_hidden_layers=2, num_experts=4, num_experts_per_tok=1, norm_topk_prob=True,
+                       mlp_only_layers=[], output_router_logits=False, tie_word_embeddings=False)),
+]
+TOPK_MARGIN = 1e-4   # every token's k-th and (k+1)-th router probabilities differ by more than this
 
 
 def versions():
@@ -111,6 +128,145 @@ def build_model(spec, seed):
     else:
         assert model.lm_head.weight is not model.model.embed_tokens.weight
     return model
+
+
+def build_moe_model(spec, seed):
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(**spec, **COMMON, dtype="float32", attn_implementation="eager")
+    model = Qwen3MoeForCausalLM(config)
+    model.set_attn_implementation("eager")
+    model = model.to(torch.float32)
+    # As build_model: matrices (Linear, Embedding, router, stacked experts) x10 (std 0.2); 1-D RMSNorm
+    # weights = 1 + 0.1 * randn. parameters() lists a tied weight once.
+    scale = WEIGHT_STD / config.initializer_range
+    with torch.no_grad():
+        for n, w in model.named_parameters():
+            if w.dim() >= 2:
+                w.mul_(scale)
+            elif n.endswith("norm.weight"):
+                w.copy_(1.0 + NORM_JITTER * torch.randn(w.shape, dtype=w.dtype))
+            else:
+                raise RuntimeError(f"unexpected parameter {n}")
+    return model
+
+
+def per_expert(name, t, spec):
+    """HF in-memory fused expert tensors -> the per-expert on-disk keys (qwen3-hf.md §2)."""
+    im = spec["moe_intermediate_size"]
+    pre = name.rsplit(".", 1)[0]   # model.layers.N.mlp.experts
+    out = {}
+    for e in range(t.shape[0]):
+        if name.endswith("gate_up_proj"):
+            out[f"{pre}.{e}.gate_proj.weight"] = t[e, :im].contiguous()
+            out[f"{pre}.{e}.up_proj.weight"] = t[e, im:].contiguous()
+        else:
+            out[f"{pre}.{e}.down_proj.weight"] = t[e].contiguous()
+    return out
+
+
+def disk_tensors(named, spec, fn):
+    """{on-disk key: fn(param)} with the fused experts split per expert."""
+    out = {}
+    for n, p in named:
+        t = fn(p)
+        if n.endswith("experts.gate_up_proj") or n.endswith("experts.down_proj"):
+            out.update(per_expert(n, t, spec))
+        else:
+            out[n] = t.contiguous()
+    return out
+
+
+def make_moe_fixture(name, spec, idx, out_root):
+    seed = SEED_BASE + 7000 + 1000 * idx
+    for attempt in range(50):
+        model = build_moe_model(spec, seed + 100 * attempt)
+        input_ids, labels = make_batch(spec["vocab_size"], seed + 100 * attempt + 1)
+        position_ids = torch.arange(S, dtype=torch.int64).unsqueeze(0)
+        model.train()
+        with torch.no_grad():
+            probe = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False,
+                          output_router_logits=True)
+        # Top-k selection must not hinge on rounding: every token's k-th and (k+1)-th probabilities
+        # differ by more than TOPK_MARGIN in every sparse layer (titan's fp32 probabilities differ from
+        # these by ~1e-7), so tie-breaking never decides the fixture.
+        k, margin = spec["num_experts_per_tok"], float("inf")
+        for z in probe.router_logits:
+            p = torch.softmax(z.detach().float(), dim=-1).sort(dim=-1, descending=True).values
+            if k < p.shape[-1]:
+                margin = min(margin, (p[:, k - 1] - p[:, k]).min().item())
+        if margin > TOPK_MARGIN:
+            break
+    else:
+        raise RuntimeError(f"{name}: no seed gives a top-k margin above {TOPK_MARGIN}")
+    seed = seed + 100 * attempt
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=input_ids, labels=labels, position_ids=position_ids, attention_mask=None,
+                use_cache=False)   # output_router_logits as the config says
+    tied = spec["tie_word_embeddings"]
+    fdir = os.path.join(out_root, name)
+    if os.path.isdir(fdir):
+        shutil.rmtree(fdir)
+    os.makedirs(fdir)
+    model.save_pretrained(fdir, safe_serialization=True)   # per-expert keys (save_original_format=True)
+    from safetensors import safe_open
+    with safe_open(os.path.join(fdir, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    named = list(model.named_parameters())
+    want = set(disk_tensors(named, spec, lambda p: p.detach()).keys())
+    assert keys == want, sorted(keys ^ want)
+
+    logits = out.logits.detach().clone()
+    loss = out.loss
+    aux = out.aux_loss.detach().clone() if out.aux_loss is not None else torch.tensor(0.0)
+    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), shift.reshape(-1),
+                                           ignore_index=-100, reduction="mean")
+    if spec["output_router_logits"]:
+        expect = ce + spec["router_aux_loss_coef"] * aux
+    else:
+        expect = ce
+    assert torch.allclose(expect, loss.detach(), rtol=1e-6, atol=1e-6), (expect.item(), loss.item())
+    loss.backward()
+    tensors = {"input_ids": input_ids.contiguous(), "labels": labels.contiguous(), "logits": logits.contiguous(),
+               "loss": loss.detach().clone().contiguous(), "ce_loss": ce.detach().clone().contiguous(),
+               "aux_loss": aux.float().contiguous()}
+    for key, g in disk_tensors(named, spec, lambda p: p.grad.detach().clone()).items():
+        assert torch.isfinite(g).all(), key
+        tensors["grad." + key] = g
+    opt = torch.optim.AdamW([p for _, p in named], lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"],
+                            weight_decay=ADAMW["weight_decay"], foreach=False, fused=False)
+    opt.step()
+    for key, w in disk_tensors(named, spec, lambda p: p.detach().clone()).items():
+        tensors["adamw." + key] = w
+    v = versions()
+    metadata = {"format": "pt", "fixture": name, "seed": str(seed), "batch_size": str(B), "seq_len": str(S),
+                "attn_implementation": "eager", "dtype": "float32", "topk_margin": repr(margin),
+                "loss": "CE mean + router_aux_loss_coef * aux_loss (when output_router_logits)",
+                "names": "grad./adamw. use the on-disk per-expert keys (fused in-memory tensors split)",
+                "torch_version": v["torch"], "transformers_version": v["transformers"]}
+    exp_path = os.path.join(fdir, "expected.safetensors")
+    safetensors.torch.save_file(tensors, exp_path, metadata=metadata)
+    canonicalize_header(exp_path)
+    # The fused layout (save_original_format=False) of the same weights, for the reader's other path.
+    if name == "moe_norm":
+        fused_dir = os.path.join(out_root, name + "_fused")
+        if os.path.isdir(fused_dir):
+            shutil.rmtree(fused_dir)
+        re_model = Qwen3MoeForCausalLM.from_pretrained(fdir, dtype=torch.float32, attn_implementation="eager")
+        re_model.save_pretrained(fused_dir, safe_serialization=True, save_original_format=False)
+        with safe_open(os.path.join(fused_dir, "model.safetensors"), "pt") as f:
+            assert any(k.endswith("experts.gate_up_proj") for k in f.keys()), sorted(f.keys())
+    # Round trip through from_pretrained reproduces the logits.
+    re, info = Qwen3MoeForCausalLM.from_pretrained(fdir, dtype=torch.float32, attn_implementation="eager",
+                                                   output_loading_info=True)
+    bad = {k: sorted(map(str, v)) for k, v in info.items()
+           if v and not (k == "missing_keys" and set(v) <= {"lm_head.weight"})}
+    assert not bad, bad
+    with torch.no_grad():
+        relog = re(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+    assert (relog - logits).abs().max().item() < 1e-5
+    print(f"{name:18s} seed={seed} loss={loss.item():.6f} aux={aux.item():.6f} top-k margin={margin:.3g} "
+          f"tensors={len(tensors)}")
 
 
 def make_batch(vocab, seed):
@@ -347,6 +503,19 @@ batch has 2·15 − 3 = 27 scored positions and `loss` is the mean over those 27
 with ours. Sanity check on a fixture (max diff 0):
 
     .venv/bin/python tools/check_hf_export.py tests/fixtures/hf/tied_gqa2 --logits tests/fixtures/hf/tied_gqa2/expected.safetensors
+
+## Qwen3-MoE fixtures (`Qwen3MoeForCausalLM`)
+
+`moe_norm` (8 experts, top-2, norm_topk_prob, untied), `moe_nonorm_dense1` (6 experts, top-3, no
+renormalisation, layer 1 dense through `mlp_only_layers`, tied) and `moe_noaux` (4 experts, top-1, aux loss
+off): V 1000, H 32, 4/2 heads, head_dim 16, intermediate 64, moe_intermediate 24. The first two set
+`output_router_logits` with `router_aux_loss_coef` 0.05, so `loss` = CE + 0.05·aux (`ce_loss` and
+`aux_loss` are stored too). `grad.*` and `adamw.*` use the on-disk per-expert keys
+(`model.layers.N.mlp.experts.E.{{gate,up,down}}_proj.weight`): the in-memory fused `gate_up_proj` /
+`down_proj` tensors are split per expert. `moe_norm_fused` holds the same weights saved with
+`save_original_format=False` (fused keys). Seeds are chosen so that in every sparse layer each token's
+k-th and (k+1)-th router probabilities differ by more than 1e-4 (metadata `topk_margin`): the
+selection never depends on how ties or near-ties are broken.
 """
 
 
@@ -380,6 +549,10 @@ def main():
                     f"{spec['num_attention_heads']} | {spec['num_key_value_heads']} | {spec['head_dim']} | "
                     f"{spec['intermediate_size']} | {str(spec['tie_word_embeddings']).lower()} | {r['params']} | "
                     f"{r['loss']:.6f} |")
+    for idx, (name, spec) in enumerate(MOE_FIXTURES):
+        if args.only and name not in args.only:
+            continue
+        make_moe_fixture(name, spec, idx, args.out)
     if not args.only:
         with open(os.path.join(args.out, "README.md"), "w") as f:
             f.write(README.format(table="\n".join(rows), **v))

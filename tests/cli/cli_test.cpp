@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -96,12 +97,15 @@ TEST(Cli, EmptyDataset) {
       "has no documents");
 }
 
-TEST(Cli, InvalidUtf8NamesFileAndLine) {
+TEST(Cli, InvalidUtf8IsReplacedCountedAndReported) {
   std::string f = temp_dir() + "/bad.txt";
   std::ofstream(f, std::ios::binary) << "fine line\nbad \xff byte\n";
-  expect_error(
-      "train --config qwen3_debugmodel --dataloader.dataset text --dataloader.dataset_path " + f,
-      f + ":2: invalid UTF-8");
+  Result r = titan("tokenize --input " + f + " --output " + temp_dir() + "/bad.bin");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("replaced 1 invalid UTF-8 sequence(s) with U+FFFD (first at " + f + ":2)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("wrote 2 documents"), std::string::npos) << r.out;
 }
 
 // A Hugging Face directory copied from a fixture, then damaged by `damage`.
@@ -200,6 +204,103 @@ TEST(Cli, TrainsAndWritesMetrics) {
     EXPECT_NE(line.find("\"data_loading_time_s\""), std::string::npos);
   }
   EXPECT_EQ(lines, 2);
+}
+
+std::string assets() {
+  if (const char* env = std::getenv("TITAN_ASSETS"); env && *env) return env;
+  return std::string(TITAN_SOURCE_DIR) + "/../shared/assets";
+}
+
+TEST(Cli, TokenizePrintsIds) {
+  Result r = titan("tokenize --tokenizer " + assets() + "/tokenizers/qwen3 --text 'hello world'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "14990 1879\n");
+  r = titan("tokenize --text hi --bos_eos");  // byte-level: BOS 256, bytes, EOS 257
+  EXPECT_EQ(r.out, "256 104 105 257\n");
+}
+
+TEST(Cli, TokenizeBadInput) {
+  const std::string d = temp_dir();
+  expect_error("tokenize --text hi --input x", "exactly one of --text TEXT and --input PATH");
+  expect_error("tokenize --input " + d, "--input needs --output FILE.bin");
+  expect_error("tokenize --frobnicate 1", "titan tokenize: unknown option '--frobnicate'");
+  expect_error("tokenize --tokenizer /nonexistent/tok --text hi", "'/nonexistent/tok' is neither");
+  expect_error("tokenize --input " + d + "/nothing*.jsonl --output " + d + "/o.bin",
+               "matches no files");
+  const std::string bad = d + "/bad.jsonl";
+  std::ofstream(bad) << "{\"text\": \"ok\"}\n{\"text\": oops}\n{\"body\": \"x\"}\n";
+  expect_error("tokenize --input " + bad + " --output " + d + "/o.bin",
+               bad + ":2: the line is malformed JSON");
+  const std::string nofield = d + "/nofield.jsonl";
+  std::ofstream(nofield) << "{\"text\": \"ok\"}\n";
+  expect_error("tokenize --input " + nofield + " --text_field body --output " + d + "/o.bin",
+               nofield + ":1: no field 'body'");
+  const std::string empty = d + "/empty.jsonl";
+  std::ofstream(empty) << "{\"text\": \"\"}\n";
+  expect_error("tokenize --input " + empty + " --output " + d + "/o.bin", "has no documents");
+  Result r = titan("tokenize --skip_malformed --input " + bad + " --output " + d + "/o.bin");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("skipped 1 malformed JSON line(s) (first at " + bad +
+                       ":2); skipped 1 JSON "
+                       "line(s) without a string 'text' field (first at " +
+                       bad + ":3)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("wrote 1 documents"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadTokenShardNamesTheFile) {
+  const std::string g = temp_dir() + "/garbage.bin";
+  std::ofstream(g) << "this is not a shard at all, but it is long enough to hold a header....";
+  expect_error("train --config qwen3_debugmodel --dataloader.dataset_path " + g,
+               g + ": not a titan token shard (bad magic");
+  const std::string s = temp_dir() + "/short.bin";
+  std::ofstream(s) << "TITANTOK";
+  expect_error(
+      "train --config qwen3_debugmodel --dataloader.dataset tokens "
+      "--dataloader.dataset_path " +
+          s,
+      s + ": not a titan token shard (8 bytes");
+}
+
+TEST(Cli, TokenizerVocabMustFitTheModel) {
+  std::string f = temp_dir() + "/vocab_corpus.txt";
+  std::ofstream(f) << "a line\n";
+  expect_error(
+      "train --config qwen3_debugmodel --model.vocab_size 1000 --dataloader.tokenizer " + assets() +
+          "/tokenizers/tiny-bpe-2k --dataloader.dataset text --dataloader.dataset_path " + f,
+      "tokenizer.json' has 2020 ids but model.vocab_size is 1000", false);
+}
+
+TEST(Cli, TrainsOnATokenShardWithValidation) {
+  const std::string d = temp_dir(), tok = assets() + "/tokenizers/tiny-bpe-2k";
+  {
+    std::ofstream o(d + "/train.jsonl");
+    for (int i = 0; i < 60; ++i) o << "{\"text\": \"record " << i << " of the training set\"}\n";
+    std::ofstream v(d + "/valid.txt");
+    for (int i = 0; i < 20; ++i) v << "held-out line " << i << "\n";
+  }
+  Result r = titan("tokenize --tokenizer " + tok + " --input " + d + "/train.jsonl --output " + d +
+                   "/train.bin");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string run = d + "/shard_run";
+  std::filesystem::remove_all(run);
+  r = titan(
+      "train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 --training.steps 2 "
+      "--training.seq_len 32 --training.local_batch_size 2 --metrics.log_freq 1 "
+      "--metrics.peak_flops 1e11 --dataloader.dataset_path " +
+      d + "/train.bin --dataloader.tokenizer " + tok +
+      " --validator.enable --validator.freq 2 --validator.dataset_path " + d +
+      "/valid.txt --dump_folder " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("60 pre-tokenized documents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validate step:  1  loss: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validate step:  2  loss: "), std::string::npos) << r.out;
+  std::ifstream j(run + "/metrics.jsonl");
+  std::string line;
+  int validation = 0;
+  while (std::getline(j, line)) validation += line.find("\"validation_loss\"") != std::string::npos;
+  EXPECT_EQ(validation, 2);
 }
 
 }  // namespace

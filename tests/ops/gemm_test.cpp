@@ -145,5 +145,54 @@ TEST(LinearTest, ForwardAndBackwardMatchReference) {
     }
 }
 
+// gemm_rows (M and K as oneDNN runtime dimensions) against the double loop reference for every
+// transpose combination, both accumulate modes and many (M, K) pairs through the same fixed N and
+// leading dimensions: after the first pass over the layouts no call creates a primitive, however
+// M and K change. K = 0 zeroes C (overwrite) or leaves it (accumulate). Tolerance as above.
+TEST(GemmRowsTest, MatchesReferenceForChangingRowCountsWithBoundedCache) {
+  const int64_t N = 19, ld = 131;  // ld >= every M, N, K below, so one layout serves them all
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 g(15);
+  const std::vector<int64_t> Ms = {1, 2, 7, 33, 100, 128}, Ks = {0, 1, 5, 64, 127};
+  int64_t cached = -1;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int combo = 0; combo < 8; ++combo) {
+      const bool ta = combo & 1, tb = combo & 2, acc = combo & 4;
+      for (int64_t M : Ms)
+        for (int64_t K : Ks) {
+          // Both operands as ld-strided [128, ld] blocks with NaN outside the logical matrix.
+          std::vector<float> A(128 * ld, nan), B(128 * ld, nan), C(128 * ld, 4242.f);
+          auto ra = uniform(M * K, g, -1.f, 1.f), rb = uniform(K * N, g, -1.f, 1.f);
+          auto rc = uniform(M * N, g, -2.f, 2.f);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t k = 0; k < K; ++k) (ta ? A[k * ld + i] : A[i * ld + k]) = ra[i * K + k];
+          for (int64_t k = 0; k < K; ++k)
+            for (int64_t j = 0; j < N; ++j) (tb ? B[j * ld + k] : B[k * ld + j]) = rb[k * N + j];
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) C[i * ld + j] = rc[i * N + j];
+          gemm_rows(ta, tb, M, N, K, A.data(), ld, B.data(), ld, C.data(), ld, acc);
+          int bad = 0;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < N; ++j) {
+              double ref = acc ? rc[i * N + j] : 0.0, mag = std::abs(ref);
+              for (int64_t k = 0; k < K; ++k) {
+                ref += double(ra[i * K + k]) * rb[k * N + j];
+                mag += std::abs(double(ra[i * K + k]) * rb[k * N + j]);
+              }
+              if (!(std::abs(C[i * ld + j] - ref) <= 1e-5 * mag) && bad++ < 5)
+                ADD_FAILURE() << "ta " << ta << " tb " << tb << " acc " << acc << " M " << M
+                              << " K " << K << ": C[" << i << "," << j << "] = " << C[i * ld + j]
+                              << ", expected " << ref;
+            }
+            for (int64_t j = N; j < ld; ++j) ASSERT_EQ(C[i * ld + j], 4242.f) << "C padding";
+          }
+          for (int64_t i = M; i < 128; ++i) ASSERT_EQ(C[i * ld], 4242.f) << "rows past M";
+        }
+    }
+    if (pass == 0) cached = gemm_cache_size();
+    EXPECT_EQ(gemm_cache_size(), cached) << "gemm_rows created a primitive in pass " << pass;
+  }
+}
+
 }  // namespace
 }  // namespace titan::ops

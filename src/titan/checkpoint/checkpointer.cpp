@@ -30,17 +30,25 @@ DType export_dtype(const std::string& name) {
 std::vector<WriteTensor> model_tensors(const qwen3::Qwen3Model& model, DType dt, bool hf_keys,
                                        std::vector<std::vector<uint8_t>>* storage) {
   std::vector<WriteTensor> out;
-  for (const auto& p : model.params()) {
-    if (p.alias) continue;
-    const float* src = model.param_data() + p.offset;
+  auto add = [&](const std::string& key, const std::vector<int64_t>& shape, const float* src) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
     const void* data = src;
     if (dt != DType::F32) {
-      storage->emplace_back(static_cast<size_t>(p.numel) * dtype_size(dt));
-      f32_to(dt, src, p.numel, storage->back().data());
+      storage->emplace_back(static_cast<size_t>(numel) * dtype_size(dt));
+      f32_to(dt, src, numel, storage->back().data());
       data = storage->back().data();
     }
-    out.push_back({hf_keys ? qwen3::to_hf_key(p.fqn) : p.fqn, dt, p.shape, data});
+    out.push_back({key, dt, shape, data});
+  };
+  if (hf_keys) {
+    for (const auto& t : qwen3::hf_tensors(model))
+      add(t.key, t.shape, model.param_data() + t.offset);
+    return out;
   }
+  for (const auto& p : model.params())
+    if (!p.alias) add(p.fqn, p.shape, model.param_data() + p.offset);
+  for (const auto& b : model.buffers()) add(b.fqn, b.shape, b.data);  // MoE expert bias
   return out;
 }
 
@@ -112,6 +120,8 @@ void load_model_weights(qwen3::Qwen3Model& model, const std::string& path, bool 
                              "'; for a Hugging Face directory set checkpoint.initial_load_in_hf");
   for (const auto& p : model.params())
     if (!p.alias) set.read_f32(p.fqn, p.shape, model.param_data() + p.offset);
+  for (const auto& b : model.buffers())  // absent in a model-only export: stays zero
+    if (set.find(b.fqn)) set.read_f32(b.fqn, b.shape, b.data);
 }
 
 void export_hf(const std::string& dir, const qwen3::Qwen3Model& model, const std::string& dtype,

@@ -1,5 +1,6 @@
 // titan: the command line.
 //   titan train --config NAME [--section.field value | --section.field=value | --bool.flag] ...
+//   titan tokenize --tokenizer DIR (--text TEXT | --input PATH --output F.bin) [options]
 //   titan config show --config NAME [flags]
 //   titan config list
 #include <cstdio>
@@ -10,6 +11,9 @@
 #include "titan/config/builtin_configs.h"
 #include "titan/config/job_config.h"
 #include "titan/core/error.h"
+#include "titan/core/log.h"
+#include "titan/data/token_shard.h"
+#include "titan/data/tokenizer.h"
 #include "titan/plugin/registry.h"
 #include "titan/train/check_kernel.h"
 #include "titan/train/evaluate.h"
@@ -23,6 +27,9 @@ const char* kUsage =
     "P]\n"
     "                  [--eval.tokens_path F.safetensors [--eval.logits_out OUT.safetensors]]\n"
     "       titan check-kernel --config NAME --override.imports LIB[,LIB] [flags]\n"
+    "       titan tokenize --tokenizer DIR|byte --text TEXT [--bos_eos]\n"
+    "       titan tokenize --tokenizer DIR|byte --input PATH --output F.bin [--dataset auto|text|\n"
+    "                      jsonl|fortunes] [--text_field text] [--skip_malformed]\n"
     "       titan config show --config NAME [--section.field value ...]\n"
     "       (any command: --module LIB loads a plugin first)\n"
     "       titan config list\n";
@@ -90,6 +97,82 @@ std::string resolved_model(const titan::config::JobConfig& cfg) {
   return buf;
 }
 
+// titan tokenize: the ids of --text, or --input documents to a pre-tokenized shard.
+int tokenize(const std::vector<std::string>& args) {
+  std::string tokenizer = "byte", text, input, output;
+  bool has_text = false, bos_eos = false;
+  titan::data::SourceOptions src;
+  src.dataset = "auto";
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i], value;
+    bool has_value = false;
+    if (auto eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (name == "--bos_eos" || name == "--skip_malformed") {
+      titan::check(!has_value, name + " takes no value");
+      (name == "--bos_eos" ? bos_eos : src.skip_malformed) = true;
+      continue;
+    }
+    const bool known = name == "--tokenizer" || name == "--text" || name == "--input" ||
+                       name == "--output" || name == "--dataset" || name == "--text_field";
+    titan::check(known, "titan tokenize: unknown option '" + name +
+                            "'; options: --tokenizer --text --bos_eos --input --output --dataset "
+                            "--text_field --skip_malformed");
+    if (!has_value) {
+      titan::check(i + 1 < args.size(), "titan tokenize: " + name + " needs a value");
+      value = args[++i];
+    }
+    if (name == "--tokenizer") {
+      tokenizer = value;
+    } else if (name == "--text") {
+      text = value;
+      has_text = true;
+    } else if (name == "--input") {
+      input = value;
+    } else if (name == "--output") {
+      output = value;
+    } else if (name == "--dataset") {
+      src.dataset = value;
+    } else {
+      src.text_field = value;
+    }
+  }
+  titan::check(has_text != !input.empty(),
+               "titan tokenize needs exactly one of --text TEXT and --input PATH");
+  titan::check(!src.dataset.empty() && src.dataset != "tokens",
+               "titan tokenize --dataset must be auto, text, jsonl or fortunes");
+  titan::check(!src.text_field.empty(), "titan tokenize --text_field must name a JSON field");
+  if (has_text) {
+    titan::check(output.empty(), "titan tokenize --text prints the ids; --output needs --input");
+    auto tok = titan::data::make_tokenizer(tokenizer);
+    std::vector<int32_t> ids;
+    tok->encode(text, bos_eos, bos_eos, &ids);
+    std::string line;
+    for (int32_t id : ids) {
+      if (!line.empty()) line += ' ';
+      line += std::to_string(id);
+    }
+    std::printf("%s\n", line.c_str());
+    return 0;
+  }
+  titan::check(!output.empty(), "titan tokenize --input needs --output FILE.bin");
+  titan::check(!bos_eos,
+               "titan tokenize --bos_eos applies to --text (shards always hold BOS/EOS "
+               "as the loader adds them)");
+  src.path = input;
+  auto tok = titan::data::make_tokenizer(tokenizer);
+  titan::data::TokenizeStats st = titan::data::tokenize_to_shard(src, *tok, output);
+  const std::string problems = titan::data::describe_problems(st.source, src.text_field);
+  if (!problems.empty()) titan::log::warn("tokenize: " + problems);
+  titan::log::info("tokenize: wrote " + std::to_string(st.documents) + " documents, " +
+                   std::to_string(st.tokens) + " tokens from " + std::to_string(st.source.files) +
+                   " file(s) to " + output + " (tokenizer " + tok->name() + ")");
+  return 0;
+}
+
 int run(std::vector<std::string> args) {
   titan::config::register_builtin_configs();
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -113,6 +196,7 @@ int run(std::vector<std::string> args) {
                 static_cast<long long>(r.tokens));
     return 0;
   }
+  if (cmd == "tokenize") return tokenize(args);
   if (cmd == "check-kernel") {
     titan::config::JobConfig cfg = build_config(args);
     return titan::train::check_kernels(cfg) ? 0 : 1;
@@ -132,7 +216,8 @@ int run(std::vector<std::string> args) {
                 resolved_model(cfg).c_str());
     return 0;
   }
-  throw titan::Error("unknown command '" + cmd + "'; commands: train, eval, check-kernel, config");
+  throw titan::Error("unknown command '" + cmd +
+                     "'; commands: train, eval, tokenize, check-kernel, config");
 }
 
 }  // namespace

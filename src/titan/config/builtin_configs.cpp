@@ -57,9 +57,40 @@ JobConfig v5_qwen3_4b_finetune() {
   c.checkpoint.export_dtype = "bfloat16";
   return c;
 }
+// The seed's native path: the 32B config function's training settings with the 4B model spec
+// and a global batch of 64 sequences.
+JobConfig native_qwen3_4b() {
+  JobConfig c = flavor_config("32B", 8e-4, 600);
+  c.model.flavor = "4B";
+  c.training.global_batch_size = 64;
+  return c;
+}
+
+// qwen3_debugmodel's run on the MoE debug flavor (64 experts, top-8, aux-loss-free balancing).
+JobConfig qwen3_debugmodel_moe() {
+  JobConfig c = qwen3_debugmodel();
+  c.model.flavor = "debugmodel_moe";
+  return c;
+}
+
+// The seed's MoE path: Qwen3-30B-A3B cut to 4 layers, 64 experts and top-4 routing, eager
+// (titan has no graph compiler to turn off). The grouped experts are the "grouped_experts" op,
+// which --override.imports can replace (the seed's NKI kernel attaches there).
+JobConfig nki_qwen3_30b_a3b() {
+  JobConfig c = flavor_config("30B-A3B", 3e-4, 600);
+  c.model.n_layers = 4;
+  c.model.num_experts = 64;
+  c.model.top_k = 4;
+  return c;
+}
 }  // namespace
 
 void register_builtin_configs() {
+  register_config("native_qwen3_4b", native_qwen3_4b);
+  register_config("qwen3_debugmodel_moe", qwen3_debugmodel_moe);
+  register_config("qwen3_30b_a3b", [] { return flavor_config("30B-A3B", 3e-4, 600); });
+  register_config("qwen3_235b_a22b", [] { return flavor_config("235B-A22B", 3e-4, 600); });
+  register_config("nki_qwen3_30b_a3b", nki_qwen3_30b_a3b);
   register_config("v5_qwen3_4b", v5_qwen3_4b);
   register_config("v5_qwen3_4b_finetune", v5_qwen3_4b_finetune);
   register_config("qwen3_debugmodel", qwen3_debugmodel);

@@ -20,7 +20,8 @@ std::vector<Field> fields(JobConfig& c) {
   return {
       {"dump_folder", &c.dump_folder, "folder for metrics and checkpoints"},
       {"model.name", &c.model.name, "model family (qwen3)"},
-      {"model.flavor", &c.model.flavor, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B"},
+      {"model.flavor", &c.model.flavor,
+       "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B"},
       {"model.hf_assets_path", &c.model.hf_assets_path,
        "Hugging Face model directory: architecture from its config.json"},
       {"model.n_layers", &c.model.n_layers, "override the flavor's layer count (0: keep)"},
@@ -32,6 +33,16 @@ std::vector<Field> fields(JobConfig& c) {
       {"model.vocab_size", &c.model.vocab_size, "override the vocabulary size (0: keep)"},
       {"model.rope_theta", &c.model.rope_theta, "override the RoPE base (0: keep)"},
       {"model.attn_mask_type", &c.model.attn_mask_type, "block_causal or causal"},
+      {"model.num_experts", &c.model.num_experts, "MoE: override the expert count (0: keep)"},
+      {"model.top_k", &c.model.top_k, "MoE: override experts per token (0: keep)"},
+      {"model.moe_hidden_dim", &c.model.moe_hidden_dim,
+       "MoE: override the expert hidden size (0: keep)"},
+      {"model.load_balance_coeff", &c.model.load_balance_coeff,
+       "MoE: torchtitan's aux-loss-free expert-bias step (-1: keep; 0: off)"},
+      {"model.router_aux_loss", &c.model.router_aux_loss,
+       "MoE: add Transformers' auxiliary load-balancing loss"},
+      {"model.router_aux_loss_coef", &c.model.router_aux_loss_coef,
+       "MoE: coefficient of the auxiliary loss (-1: keep)"},
       {"training.local_batch_size", &c.training.local_batch_size, "sequences per microbatch"},
       {"training.global_batch_size", &c.training.global_batch_size,
        "sequences per step (-1: local × data-parallel degree); a multiple gives accumulation"},
@@ -54,11 +65,17 @@ std::vector<Field> fields(JobConfig& c) {
       {"metrics.enable_jsonl", &c.metrics.enable_jsonl, "write {dump_folder}/metrics.jsonl"},
       {"metrics.peak_flops", &c.metrics.peak_flops,
        "peak FLOP/s for MFU (0: measure with a GEMM probe)"},
-      {"dataloader.dataset", &c.dataloader.dataset, "built-in source: fortunes or text"},
-      {"dataloader.dataset_path", &c.dataloader.dataset_path, "file or directory of text"},
-      {"dataloader.tokenizer", &c.dataloader.tokenizer, "byte"},
+      {"dataloader.dataset", &c.dataloader.dataset,
+       "source: fortunes, text (a line each), jsonl, tokens (titan tokenize shards) or auto"},
+      {"dataloader.dataset_path", &c.dataloader.dataset_path,
+       "file, directory, glob or comma-separated list"},
+      {"dataloader.tokenizer", &c.dataloader.tokenizer,
+       "byte, or a tokenizer.json or the directory holding it"},
       {"dataloader.shuffle", &c.dataloader.shuffle, "reshuffle documents each later epoch"},
       {"dataloader.seed", &c.dataloader.seed, "shuffle seed"},
+      {"dataloader.text_field", &c.dataloader.text_field, "JSON lines: the document's field"},
+      {"dataloader.skip_malformed", &c.dataloader.skip_malformed,
+       "JSON lines: skip and count malformed lines instead of stopping"},
       {"loss.num_chunks", &c.loss.num_chunks, "lm_head + cross-entropy chunks"},
       {"checkpoint.enable", &c.checkpoint.enable, "save checkpoints"},
       {"checkpoint.folder", &c.checkpoint.folder, "checkpoint folder under dump_folder"},
@@ -80,6 +97,11 @@ std::vector<Field> fields(JobConfig& c) {
       {"eval.steps", &c.eval.steps, "dataset batches for titan eval"},
       {"eval.tokens_path", &c.eval.tokens_path, "safetensors with input_ids to evaluate"},
       {"eval.logits_out", &c.eval.logits_out, "write logits for eval.tokens_path here"},
+      {"validator.enable", &c.validator.enable, "evaluate on a validation set during training"},
+      {"validator.freq", &c.validator.freq, "validate every N steps (and at step 1)"},
+      {"validator.steps", &c.validator.steps, "batches per validation (-1: the whole set)"},
+      {"validator.dataset", &c.validator.dataset, "as dataloader.dataset (auto: by extension)"},
+      {"validator.dataset_path", &c.validator.dataset_path, "the validation corpus"},
       {"debug.seed", &c.debug.seed, "seed for init and data (-1: none)"},
       {"debug.print_config", &c.debug.print_config, "print the resolved config at start"},
       {"debug.save_config_file", &c.debug.save_config_file,
@@ -338,6 +360,16 @@ qwen3::Qwen3Args resolve_model(const JobConfig& c) {
   over(c.model.vocab_size, a.vocab_size);
   if (c.model.rope_theta != 0) a.rope_theta = c.model.rope_theta;
   a.attn_mask_type = c.model.attn_mask_type;
+  if (c.model.num_experts != 0 || c.model.top_k != 0 || c.model.moe_hidden_dim != 0)
+    check(a.is_moe() || (c.model.num_experts > 0 && c.model.top_k > 0 && c.model.moe_hidden_dim > 0),
+          "model.num_experts/top_k/moe_hidden_dim apply to MoE models; pick an MoE flavor "
+          "(debugmodel_moe, 30B-A3B, 235B-A22B) or set all three");
+  over(c.model.num_experts, a.num_experts);
+  over(c.model.top_k, a.top_k);
+  over(c.model.moe_hidden_dim, a.moe_hidden_dim);
+  if (c.model.load_balance_coeff >= 0) a.load_balance_coeff = c.model.load_balance_coeff;
+  if (c.model.router_aux_loss) a.router_aux_loss = true;
+  if (c.model.router_aux_loss_coef >= 0) a.router_aux_loss_coef = c.model.router_aux_loss_coef;
   a.validate();
   return a;
 }
@@ -385,8 +417,14 @@ void validate(const JobConfig& c) {
         "checkpoint.export_dtype '" + k.export_dtype + "' must be float32, bfloat16 or float16");
   check(!k.initial_load_in_hf || !k.initial_load_path.empty() || !c.model.hf_assets_path.empty(),
         "checkpoint.initial_load_in_hf needs checkpoint.initial_load_path or model.hf_assets_path");
-  check(c.dataloader.tokenizer == "byte",
-        "dataloader.tokenizer '" + c.dataloader.tokenizer + "' is not available; use byte");
+  check(!c.dataloader.tokenizer.empty(),
+        "dataloader.tokenizer is empty; use byte or a tokenizer.json path");
+  check(!c.dataloader.text_field.empty(), "dataloader.text_field must name a JSON field");
+  const auto& vc = c.validator;
+  check(vc.freq > 0, "validator.freq must be positive");
+  check(vc.steps == -1 || vc.steps > 0, "validator.steps must be -1 (the whole set) or positive");
+  check(!vc.enable || !vc.dataset_path.empty(),
+        "validator.enable needs validator.dataset_path (the validation corpus)");
 }
 
 namespace {

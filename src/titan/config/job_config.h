@@ -23,6 +23,11 @@ struct ModelConfig {
           vocab_size = 0;
   double rope_theta = 0;
   std::string attn_mask_type = "block_causal";
+  // MoE overrides (0 keeps the flavor's / config.json's value).
+  int64_t num_experts = 0, top_k = 0, moe_hidden_dim = 0;
+  double load_balance_coeff = -1;     // torchtitan aux-loss-free bias; -1 keeps, 0 disables
+  bool router_aux_loss = false;       // force Transformers' auxiliary loss on
+  double router_aux_loss_coef = -1;   // -1 keeps (config.json's, else 0.001)
 };
 
 struct TrainingConfig {
@@ -53,11 +58,23 @@ struct MetricsConfig {
 };
 
 struct DataLoaderConfig {
-  std::string dataset = "fortunes";  // built-in source name
-  std::string dataset_path;          // files or a directory; empty: the source's default
-  std::string tokenizer = "byte";    // byte-level tokenizer (256 bytes + BOS/EOS/pad)
+  std::string dataset = "fortunes";  // fortunes | text | jsonl | tokens | auto
+  std::string dataset_path;          // file, directory, glob or comma list; empty: the default
+  std::string tokenizer = "byte";    // "byte" (256 bytes + BOS/EOS/pad) or a tokenizer.json (dir)
   bool shuffle = true;               // reshuffle documents each epoch after the first
   int64_t seed = 42;
+  std::string text_field = "text";  // JSON lines: the field holding a document
+  bool skip_malformed = false;      // JSON lines: skip and count bad lines instead of failing
+};
+
+// torchtitan's validator: every freq steps (and step 1), the loss over a separate dataset
+// (read once from the start, no shuffle; steps -1: all of it).
+struct ValidatorConfig {
+  bool enable = false;
+  int64_t freq = 10;
+  int64_t steps = -1;
+  std::string dataset = "auto";  // as dataloader.dataset; auto: by file extension
+  std::string dataset_path;
 };
 
 struct LossConfig {
@@ -117,6 +134,7 @@ struct JobConfig {
   LossConfig loss;
   CheckpointConfig checkpoint;
   EvalConfig eval;
+  ValidatorConfig validator;
   DebugConfig debug;
 };
 

@@ -7,13 +7,11 @@
 
 namespace titan::data {
 
-PackedLoader::PackedLoader(std::vector<std::string> docs, const ByteTokenizer& tok,
-                           const LoaderOptions& opt)
-    : docs_(std::move(docs)), tok_(tok), opt_(opt) {
+PackedLoader::PackedLoader(std::shared_ptr<const DocumentSet> docs, const LoaderOptions& opt)
+    : docs_(std::move(docs)), opt_(opt) {
   check(opt.dp_world > 0 && opt.dp_rank >= 0 && opt.dp_rank < opt.dp_world,
         "data-parallel rank out of range");
-  for (int64_t i = opt.dp_rank; i < static_cast<int64_t>(docs_.size()); i += opt.dp_world)
-    order_.push_back(i);
+  for (int64_t i = opt.dp_rank; i < docs_->size(); i += opt.dp_world) order_.push_back(i);
   check(!order_.empty(), "data-parallel rank " + std::to_string(opt.dp_rank) +
                              " has no documents; the dataset is smaller than the number of ranks");
   const size_t want = static_cast<size_t>(opt.batch * opt.seq_len) * 2 + 65536;
@@ -22,11 +20,19 @@ PackedLoader::PackedLoader(std::vector<std::string> docs, const ByteTokenizer& t
   pos_.reserve(want);
 }
 
+PackedLoader::PackedLoader(std::vector<std::string> docs, const ByteTokenizer& /*tok*/,
+                           const LoaderOptions& opt)
+    : PackedLoader(std::make_shared<TextDocuments>(std::move(docs), make_tokenizer("byte")), opt) {}
+
 void PackedLoader::refill() {
   const int64_t row_tokens = opt_.batch * opt_.seq_len;
   int64_t empty_docs = 0;
-  while (static_cast<int64_t>(in_.size() - head_) < row_tokens) {
+  while (!exhausted_ && static_cast<int64_t>(in_.size() - head_) < row_tokens) {
     if (cursor_ == static_cast<int64_t>(order_.size())) {
+      if (!opt_.repeat) {
+        exhausted_ = true;
+        break;
+      }
       check(empty_docs < static_cast<int64_t>(order_.size()),
             "every document is empty after tokenization; check the dataset");
       cursor_ = 0;
@@ -41,7 +47,7 @@ void PackedLoader::refill() {
       }
     }
     ids_.clear();
-    tok_.encode(docs_[order_[cursor_++]], true, true, &ids_);
+    docs_->tokens(order_[cursor_++], &ids_);
     if (ids_.size() < 2) {
       ++empty_docs;
       continue;
@@ -61,9 +67,11 @@ void PackedLoader::refill() {
   }
 }
 
-void PackedLoader::next(int32_t* input, int32_t* labels, int32_t* positions) {
+int64_t PackedLoader::next(int32_t* input, int32_t* labels, int32_t* positions) {
   refill();
-  for (int64_t r = 0; r < opt_.batch; ++r) {
+  const int64_t rows =
+      std::min(opt_.batch, static_cast<int64_t>(in_.size() - head_) / opt_.seq_len);
+  for (int64_t r = 0; r < rows; ++r) {
     const size_t base = head_ + static_cast<size_t>(r * opt_.seq_len);
     int32_t rebase = pos_[base];
     for (int64_t t = 0; t < opt_.seq_len; ++t) {
@@ -74,7 +82,15 @@ void PackedLoader::next(int32_t* input, int32_t* labels, int32_t* positions) {
       positions[r * opt_.seq_len + t] = pos_[k] - rebase;
     }
   }
-  head_ += static_cast<size_t>(opt_.batch * opt_.seq_len);
+  for (int64_t r = rows; r < opt_.batch; ++r) {  // padding rows (single pass only)
+    for (int64_t t = 0; t < opt_.seq_len; ++t) {
+      input[r * opt_.seq_len + t] = 0;
+      labels[r * opt_.seq_len + t] = -100;
+      positions[r * opt_.seq_len + t] = static_cast<int32_t>(t);
+    }
+  }
+  head_ += static_cast<size_t>(rows * opt_.seq_len);
+  return rows;
 }
 
 nlohmann::json PackedLoader::state() const {
@@ -82,7 +98,7 @@ nlohmann::json PackedLoader::state() const {
     return std::vector<int32_t>(v.begin() + static_cast<long>(head_), v.end());
   };
   return {{"version", 1},
-          {"documents", docs_.size()},
+          {"documents", docs_->size()},
           {"dp_rank", opt_.dp_rank},
           {"dp_world", opt_.dp_world},
           {"seq_len", opt_.seq_len},
@@ -96,7 +112,7 @@ nlohmann::json PackedLoader::state() const {
 
 void PackedLoader::restore(const nlohmann::json& s) {
   check(s.value("version", 0) == 1, "dataloader state: unknown version");
-  check(s.at("documents").get<size_t>() == docs_.size() &&
+  check(s.at("documents").get<int64_t>() == docs_->size() &&
             s.at("dp_world").get<int64_t>() == opt_.dp_world &&
             s.at("dp_rank").get<int64_t>() == opt_.dp_rank &&
             s.at("seq_len").get<int64_t>() == opt_.seq_len,

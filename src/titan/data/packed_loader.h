@@ -3,13 +3,18 @@
 // (modulo seq_len), concatenated and cut into rows of exactly seq_len tokens; a row's leading
 // partial document is re-based to start at position 0. Rank r of N data-parallel ranks reads
 // documents r, r+N, ...; epoch 0 keeps file order, later epochs are reshuffled (seed + epoch).
+// With repeat off the loader stops at the end of one pass (validation): the last batch may hold
+// fewer rows, the rest padded (input 0, label -100, positions 0,1,...), and an incomplete last
+// row is dropped.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "nlohmann/json.hpp"
 #include "titan/data/byte_tokenizer.h"
+#include "titan/data/dataset.h"
 
 namespace titan::data {
 
@@ -18,14 +23,18 @@ struct LoaderOptions {
   int64_t dp_rank = 0, dp_world = 1;
   bool shuffle = true;
   uint64_t seed = 42;
+  bool repeat = true;  // false: one pass, then next() returns 0
 };
 
 class PackedLoader {
  public:
+  PackedLoader(std::shared_ptr<const DocumentSet> docs, const LoaderOptions& opt);
+  // Text documents with the byte-level tokenizer.
   PackedLoader(std::vector<std::string> docs, const ByteTokenizer& tok, const LoaderOptions& opt);
 
-  // Fills input/labels/positions, each [batch × seq_len]. Repeats the data forever.
-  void next(int32_t* input, int32_t* labels, int32_t* positions);
+  // Fills input/labels/positions, each [batch × seq_len], and returns the number of real rows:
+  // always batch when repeating (the data repeats forever); 0 at the end of a single pass.
+  int64_t next(int32_t* input, int32_t* labels, int32_t* positions);
   int64_t epoch() const { return epoch_; }
 
   // Everything needed to continue exactly where this loader is: the batch after restore() is
@@ -35,11 +44,11 @@ class PackedLoader {
 
  private:
   void refill();
-  std::vector<std::string> docs_;
-  ByteTokenizer tok_;
+  std::shared_ptr<const DocumentSet> docs_;
   LoaderOptions opt_;
   std::vector<int64_t> order_;  // this rank's documents for the current epoch
   int64_t cursor_ = 0, epoch_ = 0;
+  bool exhausted_ = false;                     // single pass: every document has been read
   std::vector<int32_t> in_, lab_, pos_, ids_;  // pending tokens
   size_t head_ = 0;
 };

@@ -1,11 +1,15 @@
 #include "titan/data/text_source.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "nlohmann/json.hpp"
 #include "titan/core/error.h"
+#include "titan/data/hf_tokenizer.h"
 
 namespace titan::data {
 namespace fs = std::filesystem;
@@ -49,67 +53,182 @@ size_t find_invalid_utf8(const std::string& s) {
 
 namespace {
 
-std::vector<fs::path> list_files(const std::string& path) {
-  std::error_code ec;
-  check(fs::exists(path, ec),
-        "dataset path '" + path + "' does not exist; set dataloader.dataset_path");
-  std::vector<fs::path> files;
-  if (fs::is_directory(path, ec)) {
-    for (const auto& e : fs::directory_iterator(path)) {
-      if (!e.is_regular_file() || e.is_symlink()) continue;
-      std::string ext = e.path().extension().string();
-      if (ext == ".dat") continue;  // fortune's binary index files
-      files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
-  }
-  return files;
+bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+// "x.bin.tmp1234": a shard titan tokenize is still writing.
+bool being_written(const std::string& name) {
+  const size_t t = name.rfind(".tmp");
+  return t != std::string::npos && t + 4 < name.size() &&
+         name.find_first_not_of("0123456789", t + 4) == std::string::npos;
 }
 
-std::string read_file(const fs::path& p) {
+void add_path(const std::string& path, const std::string& section, std::vector<std::string>* out) {
+  std::error_code ec;
+  check(fs::exists(path, ec),
+        "dataset path '" + path + "' does not exist; set " + section + ".dataset_path");
+  if (!fs::is_directory(path, ec)) {
+    out->push_back(path);
+    return;
+  }
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(path)) {
+    if (!e.is_regular_file() || e.is_symlink()) continue;
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;  // hidden files
+    if (e.path().extension() == ".dat") continue;  // fortune's binary index files
+    if (being_written(name)) continue;
+    files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  out->insert(out->end(), files.begin(), files.end());
+}
+
+std::string read_file(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
-  check(f.good(), "cannot read dataset file '" + p.string() + "'");
+  check(f.good(), "cannot read dataset file '" + p + "'");
   std::ostringstream os;
   os << f.rdbuf();
   return os.str();
 }
 
-void check_utf8(const std::string& text, const fs::path& file) {
-  size_t bad = find_invalid_utf8(text);
-  if (bad == std::string::npos) return;
-  size_t line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(bad), '\n');
-  throw Error(file.string() + ":" + std::to_string(line) + ": invalid UTF-8 at byte " +
-              std::to_string(bad) + "; convert the file to UTF-8 (for example with iconv)");
+std::string where(const std::string& file, int64_t line) {
+  return file + ":" + std::to_string(line);
+}
+
+// One JSON line; appends its document or counts why not.
+void parse_json_line(const std::string& line, const std::string& file, int64_t lineno,
+                     const SourceOptions& o, SourceStats* st, std::vector<std::string>* docs) {
+  const std::string skip_hint =
+      " (or set " + o.section + ".skip_malformed = true to skip and count such lines)";
+  nlohmann::json j;
+  std::string problem;
+  try {
+    j = nlohmann::json::parse(line);
+    if (!j.is_object()) problem = "is not a JSON object";
+  } catch (const nlohmann::json::parse_error& e) {
+    problem = "is malformed JSON (error at byte " + std::to_string(e.byte) + ")";
+  }
+  if (!problem.empty()) {
+    check(o.skip_malformed, where(file, lineno) + ": the line " + problem + skip_hint);
+    if (st->malformed++ == 0) st->first_malformed = where(file, lineno);
+    return;
+  }
+  auto it = j.find(o.text_field);
+  if (it == j.end() || !it->is_string()) {
+    check(o.skip_malformed, where(file, lineno) + ": " +
+                                (it == j.end() ? "no field '" : "field '") + o.text_field +
+                                (it == j.end() ? "'" : "' is not a string") + "; set " + o.section +
+                                ".text_field to the field holding the text" + skip_hint);
+    if (st->missing_field++ == 0) st->first_missing = where(file, lineno);
+    return;
+  }
+  std::string text = it->get<std::string>();
+  if (blank(text)) {
+    ++st->empty;
+    return;
+  }
+  docs->push_back(std::move(text));
 }
 
 }  // namespace
 
-std::vector<std::string> load_documents(const std::string& source, const std::string& path_in) {
-  check(source == "fortunes" || source == "text",
-        "dataloader.dataset '" + source + "' is not a built-in source; use fortunes or text");
-  std::string path = path_in;
-  if (path.empty()) {
-    check(source == "fortunes", "dataloader.dataset 'text' needs dataloader.dataset_path");
-    path = kFortunesDir;
-    std::error_code ec;
-    check(fs::exists(path, ec), std::string("the fortunes corpus is missing at ") + kFortunesDir +
-                                    "; install the Debian package 'fortunes' or set "
-                                    "dataloader.dataset_path");
+std::vector<std::string> resolve_paths(const std::string& path, const std::string& section) {
+  std::vector<std::string> items;
+  std::error_code ec;
+  if (path.find(',') != std::string::npos && !fs::exists(path, ec)) {
+    std::stringstream ss(path);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+      if (a != std::string::npos) items.push_back(item.substr(a, b - a + 1));
+    }
+  } else {
+    items.push_back(path);
   }
+  std::vector<std::string> files;
+  for (const auto& item : items) {
+    if (item.find_first_of("*?[") == std::string::npos || fs::exists(item, ec)) {
+      add_path(item, section, &files);
+      continue;
+    }
+    glob_t g{};
+    const int rc = glob(item.c_str(), 0, nullptr, &g);
+    std::vector<std::string> matches;
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
+    }
+    globfree(&g);
+    check(rc == 0 || rc == GLOB_NOMATCH, "cannot expand the dataset pattern '" + item + "'");
+    check(!matches.empty(),
+          "dataset pattern '" + item + "' matches no files; set " + section + ".dataset_path");
+    for (const auto& m : matches) add_path(m, section, &files);
+  }
+  check(!files.empty(),
+        "dataset path '" + path + "' holds no files; set " + section + ".dataset_path");
+  return files;
+}
+
+std::vector<std::string> resolve_paths(const std::string& path) {
+  return resolve_paths(path, "dataloader");
+}
+
+std::string file_format(const std::string& dataset, const std::string& file) {
+  if (dataset == "jsonl" || dataset == "tokens") return dataset;
+  std::string ext = fs::path(file).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (ext == ".jsonl" || ext == ".json") return "jsonl";
+  if (ext == ".bin") return "tokens";
+  return dataset == "fortunes" ? "fortunes" : "text";
+}
+
+std::string source_path(const SourceOptions& o) {
+  const std::string& d = o.dataset;
+  check(d == "fortunes" || d == "text" || d == "jsonl" || d == "tokens" || d == "auto",
+        o.section + ".dataset '" + d +
+            "' is not a built-in source; use fortunes, text, jsonl, tokens or auto");
+  if (!o.path.empty()) return o.path;
+  check(d == "fortunes", o.section + ".dataset '" + d + "' needs " + o.section + ".dataset_path");
+  std::error_code ec;
+  check(fs::exists(kFortunesDir, ec),
+        std::string("the fortunes corpus is missing at ") + kFortunesDir +
+            "; install the Debian package 'fortunes' or set " + o.section + ".dataset_path");
+  return kFortunesDir;
+}
+
+std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* stats) {
+  SourceStats local;
+  SourceStats* st = stats ? stats : &local;
+  *st = SourceStats{};
+  const std::string path = source_path(o);
   std::vector<std::string> docs;
-  for (const auto& file : list_files(path)) {
+  for (const auto& file : resolve_paths(path, o.section)) {
+    const std::string fmt = file_format(o.dataset, file);
+    check(fmt != "tokens", file + ": a pre-tokenized shard among text files; use " + o.section +
+                               ".dataset tokens with only token shards");
     std::string text = read_file(file);
-    check_utf8(text, file);
+    ++st->files;
+    if (size_t bad = find_invalid_utf8(text); bad != std::string::npos) {
+      if (st->utf8_replaced == 0) {
+        st->first_utf8 =
+            where(file, 1 + std::count(text.begin(), text.begin() + static_cast<long>(bad), '\n'));
+      }
+      int64_t n = 0;
+      text = HfTokenizer::sanitize_utf8(text, &n);
+      st->utf8_replaced += n;
+    }
     std::istringstream in(text);
     std::string line, cur;
+    int64_t lineno = 0;
     auto flush = [&] {
-      if (cur.find_first_not_of(" \t\r\n") != std::string::npos) docs.push_back(cur);
+      if (!blank(cur)) docs.push_back(cur);
       cur.clear();
     };
     while (std::getline(in, line)) {
-      if (source == "fortunes") {
+      ++lineno;
+      if (fmt == "jsonl") {
+        if (!blank(line)) parse_json_line(line, file, lineno, o, st, &docs);
+      } else if (fmt == "fortunes") {
         if (line == "%") {
           flush();
         } else {
@@ -123,9 +242,36 @@ std::vector<std::string> load_documents(const std::string& source, const std::st
     }
     flush();
   }
-  check(!docs.empty(), "dataset '" + source + "' at '" + path +
-                           "' has no documents; point dataloader.dataset_path at non-empty text");
+  st->documents = static_cast<int64_t>(docs.size());
+  check(!docs.empty(), "dataset '" + o.dataset + "' at '" + path + "' has no documents; point " +
+                           o.section + ".dataset_path at non-empty text");
   return docs;
+}
+
+std::string describe_problems(const SourceStats& s, const std::string& text_field) {
+  std::string r;
+  auto add = [&](const std::string& part) { r += (r.empty() ? "" : "; ") + part; };
+  if (s.utf8_replaced > 0) {
+    add("replaced " + std::to_string(s.utf8_replaced) +
+        " invalid UTF-8 sequence(s) with U+FFFD (first at " + s.first_utf8 + ")");
+  }
+  if (s.malformed > 0) {
+    add("skipped " + std::to_string(s.malformed) + " malformed JSON line(s) (first at " +
+        s.first_malformed + ")");
+  }
+  if (s.missing_field > 0) {
+    add("skipped " + std::to_string(s.missing_field) + " JSON line(s) without a string '" +
+        text_field + "' field (first at " + s.first_missing + ")");
+  }
+  if (s.empty > 0) add("skipped " + std::to_string(s.empty) + " empty document(s)");
+  return r;
+}
+
+std::vector<std::string> load_documents(const std::string& source, const std::string& path) {
+  SourceOptions o;
+  o.dataset = source;
+  o.path = path;
+  return read_documents(o);
 }
 
 }  // namespace titan::data

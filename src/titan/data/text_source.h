@@ -1,7 +1,13 @@
-// Plain-text document sources. "fortunes": files whose records are separated by lines holding
-// only "%" (the Debian fortunes package); "text": one document per non-empty line (as the
-// Hugging Face "text" loader). A path is a file or a directory (its regular files, sorted).
+// Document sources. Formats: "fortunes" (records separated by lines holding only "%", the Debian
+// fortunes package), "text" (one document per non-empty line, as the Hugging Face "text" loader)
+// and "jsonl" (C4-style JSON lines: one object per line, the document in a configurable string
+// field). A path is a file, a directory (its regular files, sorted), a glob(3) pattern, or a
+// comma-separated list of those. With dataset "text", "fortunes" or "auto", files ending in .jsonl
+// or .json are read as JSON lines and files ending in .bin are pre-tokenized shards ("auto" reads
+// any other file as text). Invalid UTF-8 is replaced by U+FFFD as Python's
+// bytes.decode("utf-8", errors="replace") does, and counted; blank documents are skipped.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,8 +16,43 @@ namespace titan::data {
 // Default location of the fortunes corpus (Debian package fortunes).
 inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
-// Reads every document. Throws titan::Error for a missing path, invalid UTF-8 (file:line) or a
-// source without documents.
+struct SourceOptions {
+  std::string dataset = "fortunes";    // fortunes | text | jsonl | tokens | auto
+  std::string path;                    // empty: the fortunes corpus (dataset fortunes only)
+  std::string text_field = "text";     // the JSON field holding a document
+  bool skip_malformed = false;         // skip (and count) bad JSON lines instead of failing
+  std::string section = "dataloader";  // config section named in messages
+};
+
+// What reading found, for the one-line report.
+struct SourceStats {
+  int64_t files = 0, documents = 0, empty = 0;
+  int64_t malformed = 0, missing_field = 0;  // JSON lines skipped under skip_malformed
+  int64_t utf8_replaced = 0;                 // invalid UTF-8 sequences replaced by U+FFFD
+  std::string first_malformed, first_missing, first_utf8;  // "file:line" of the first of each
+};
+
+// The files a path names, in order. Throws titan::Error naming a missing path or a pattern that
+// matches nothing.
+std::vector<std::string> resolve_paths(const std::string& path);
+// The same; messages name `section`.dataset_path.
+std::vector<std::string> resolve_paths(const std::string& path, const std::string& section);
+
+// The format of one file under `dataset`: "fortunes", "text", "jsonl" or "tokens".
+std::string file_format(const std::string& dataset, const std::string& file);
+
+// The path option resolved (the fortunes default filled in), after checking the dataset name.
+std::string source_path(const SourceOptions& o);
+
+// Reads every text document. Throws titan::Error for an unknown dataset, a missing path, a
+// malformed JSON line or missing field (file:line; unless skip_malformed), token shards among
+// the files, or a source without documents.
+std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* stats = nullptr);
+
+// The counts worth reporting ("" when there is nothing to report), one line.
+std::string describe_problems(const SourceStats& s, const std::string& text_field);
+
+// read_documents with the default options for `source` and `path`.
 std::vector<std::string> load_documents(const std::string& source, const std::string& path);
 
 // Byte offset of the first invalid UTF-8 sequence, or npos when valid.

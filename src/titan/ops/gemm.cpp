@@ -1,5 +1,6 @@
 #include "titan/ops/gemm.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -21,10 +22,20 @@ struct Entry {
   std::unordered_map<int, memory> args;
 };
 
+// gemm_rows: M and K are runtime dimensions, so the key leaves them out.
+using RowsKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool>;
+
+struct RowsEntry {
+  dnnl::matmul prim;
+  memory scratch;
+  Buffer<uint8_t> scratch_buf;
+};
+
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, std::unique_ptr<Entry>> cache;
+  std::map<RowsKey, std::unique_ptr<RowsEntry>> rows_cache;
 };
 
 Context& ctx() {
@@ -68,7 +79,66 @@ Entry& lookup(const Key& key) {
   return ref;
 }
 
+// Memory descriptors of A[M,K], B[K,N], C[M,N] (dims M or K may be DNNL_RUNTIME_DIM_VAL).
+struct Mds {
+  memory::desc a, b, c;
+};
+Mds make_mds(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+             int64_t ldc) {
+  const auto f32 = memory::data_type::f32;
+  return {memory::desc({M, K}, f32, ta ? memory::dims{1, lda} : memory::dims{lda, 1}),
+          memory::desc({K, N}, f32, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1}),
+          memory::desc({M, N}, f32, memory::dims{ldc, 1})};
+}
+
+RowsEntry& lookup_rows(const RowsKey& key) {
+  Context& c = ctx();
+  auto it = c.rows_cache.find(key);
+  if (it != c.rows_cache.end()) return *it->second;
+  auto [ta, tb, N, lda, ldb, ldc, acc] = key;
+  const Mds md = make_mds(ta, tb, DNNL_RUNTIME_DIM_VAL, N, DNNL_RUNTIME_DIM_VAL, lda, ldb, ldc);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (acc) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md.a, md.b, md.c), attr, c.engine);
+  auto e = std::make_unique<RowsEntry>();
+  e->prim = dnnl::matmul(pd);
+  // A runtime-dims primitive books a scratchpad that does not depend on M and K (it could not
+  // know them), so one buffer serves every call.
+  size_t sbytes = pd.scratchpad_desc().get_size();
+  e->scratch_buf.resize(static_cast<int64_t>(sbytes > 0 ? sbytes : 64));
+  e->scratch = memory(pd.scratchpad_desc(), c.engine, e->scratch_buf.data());
+  RowsEntry& ref = *e;
+  c.rows_cache.emplace(key, std::move(e));
+  return ref;
+}
+
 }  // namespace
+
+void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
+    return;
+  }
+  RowsEntry& e = lookup_rows(RowsKey{trans_a, trans_b, N, lda, ldb, ldc, accumulate});
+  // At execution the memory objects carry the actual M and K (oneDNN requires fully defined
+  // descriptors there); creating them wraps the user pointers and allocates nothing.
+  const Mds md = make_mds(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  const dnnl::engine& eng = ctx().engine;
+  memory a(md.a, eng, const_cast<float*>(A)), b(md.b, eng, const_cast<float*>(B)), c(md.c, eng, C);
+  e.prim.execute(ctx().stream, {{DNNL_ARG_SRC, a},
+                                {DNNL_ARG_WEIGHTS, b},
+                                {DNNL_ARG_DST, c},
+                                {DNNL_ARG_SCRATCHPAD, e.scratch}});
+  ctx().stream.wait();
+}
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
@@ -81,7 +151,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
   ctx().stream.wait();
 }
 
-int64_t gemm_cache_size() { return static_cast<int64_t>(ctx().cache.size()); }
+int64_t gemm_cache_size() {
+  return static_cast<int64_t>(ctx().cache.size() + ctx().rows_cache.size());
+}
 
 }  // namespace titan::ops
 

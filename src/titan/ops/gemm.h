@@ -16,6 +16,13 @@ namespace titan::ops {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
+// gemm for products whose row count or reduction length changes from call to call (the token
+// groups of MoE experts): M and K are oneDNN runtime dimensions, so one primitive per (layout,
+// N, lda, ldb, ldc, accumulate) serves every M and K and the cache stays bounded however the
+// tokens are routed. Same semantics as gemm; K = 0 leaves C (accumulate) or zeroes it.
+void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
 // Linear layer y[M,out] = x[M,in] · w[out,in]ᵀ (PyTorch nn.Linear, no bias).
 inline void linear_fwd(const float* x, const float* w, float* y, int64_t M, int64_t in,
                        int64_t out) {
@@ -29,7 +36,7 @@ inline void linear_bwd(const float* dy, const float* x, const float* w, float* d
   if (dw) gemm(true, false, out, in, M, dy, out, x, in, dw, in, true);
 }
 
-// Number of cached primitives (for tests and diagnostics).
+// Number of cached primitives, of gemm and gemm_rows together (for tests and diagnostics).
 int64_t gemm_cache_size();
 
 }  // namespace titan::ops

@@ -5,6 +5,7 @@
 //             gradient.
 // check(seq_len) runs once before training (e.g. a kernel that needs a sequence-length multiple)
 // and throws titan::Error when the shape cannot be served.
+// Ops are registered per (name, device, dtype); see plugin/registry.h.
 // Header-only on purpose: plugins build against it without linking titan.
 #pragma once
 #include <cstdint>
@@ -15,6 +16,8 @@ namespace titan::ops {
 
 struct RopeOp {
   std::string name;
+  std::string device = "cpu";
+  std::string dtype = "float32";
   using Fn = std::function<void(float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
                                 const int32_t* positions, const float* cos_sin)>;
   Fn forward, backward;

@@ -14,9 +14,10 @@
 
 #include "titan/config/job_config.h"
 #include "titan/config/module_tree.h"
+#include "titan/ops/experts_op.h"
 #include "titan/ops/rope_op.h"
 
-#define TITAN_PLUGIN_API_VERSION 1
+#define TITAN_PLUGIN_API_VERSION 2
 
 namespace titan::plugin {
 
@@ -38,7 +39,10 @@ class Host {
   virtual ~Host() = default;
   virtual void add_config(const std::string& name, std::function<config::JobConfig()> fn) = 0;
   virtual void add_module_type(const config::ModuleType& type) = 0;
+  // Ops: a forward/backward pair under (op.name, op.device, op.dtype). A module config node
+  // names its op in its "op" field; the model looks it up for its device and dtype.
   virtual void add_rope_op(const ops::RopeOp& op) = 0;
+  virtual void add_experts_op(const ops::GroupedExpertsOp& op) = 0;
   virtual void add_override(const Override& o) = 0;
   // A registered module type, for derive(); throws titan::Error when unknown.
   virtual const config::ModuleType& module_type(const std::string& name) const = 0;

@@ -9,6 +9,40 @@
 
 namespace titan::plugin {
 
+template <typename Op>
+void OpTable<Op>::add(const Op& op, const std::string& kind, const std::string& origin) {
+  check(!op.name.empty() && op.forward && op.backward,
+        "plugin '" + origin + "' registered a " + kind + " op without a name, forward or backward");
+  Key k{op.name, op.device, op.dtype};
+  check(!ops_.count(k), kind + " op '" + op.name + "' for " + op.device + "/" + op.dtype +
+                            " is already registered; plugin '" + origin +
+                            "' must pick another name");
+  ops_[k] = op;
+}
+
+template <typename Op>
+const Op& OpTable<Op>::get(const std::string& kind, const std::string& name,
+                           const std::string& device, const std::string& dtype) const {
+  auto it = ops_.find(Key{name, device, dtype});
+  if (it != ops_.end()) return it->second;
+  std::string have;
+  for (const auto& [k, op] : ops_)
+    if (std::get<0>(k) == name) have += (have.empty() ? "" : ", ") + std::get<1>(k) + "/" + std::get<2>(k);
+  throw Error("no " + kind + " op named '" + name + "' is registered for " + device + "/" + dtype +
+              (have.empty() ? " (load its plugin with --override.imports or --module)"
+                            : "; it exists for " + have));
+}
+
+template <typename Op>
+std::vector<typename OpTable<Op>::Key> OpTable<Op>::keys() const {
+  std::vector<Key> k;
+  for (const auto& [key, op] : ops_) k.push_back(key);
+  return k;
+}
+
+template class OpTable<ops::RopeOp>;
+template class OpTable<ops::GroupedExpertsOp>;
+
 Registry& Registry::global() {
   static Registry r;
   return r;
@@ -28,11 +62,26 @@ void Registry::add_builtins() {
                    {"RoPE.Config"},
                    {{"op", "cos_sin_rope"}, {"theta", "1000000"}, {"max_seq_len", "0"}}});
   add_rope_op(ops::cos_sin_rope_op());
+  // MoE: model.layers.N.moe (MoE.Config) . router (TokenChoiceTopKRouter.Config),
+  //      . experts (GroupedExperts.Config: op, num_experts, top_k, dim, hidden_dim)
+  add_module_type({"MoE.Config", {}, {}});
+  add_module_type({"TokenChoiceTopKRouter.Config", {}, {{"num_experts", "0"}, {"top_k", "0"}}});
+  add_module_type({"Experts.Config",
+                   {},
+                   {{"op", ""}, {"num_experts", "0"}, {"top_k", "0"}, {"dim", "0"},
+                    {"hidden_dim", "0"}}});
+  add_module_type({"GroupedExperts.Config",
+                   {"Experts.Config"},
+                   {{"op", "grouped_experts"}, {"num_experts", "0"}, {"top_k", "0"}, {"dim", "0"},
+                    {"hidden_dim", "0"}}});
+  add_experts_op(ops::grouped_experts_op());
+  add_experts_op(ops::grouped_experts_reference_op());
 }
 
 void Registry::reset() {
   types_.clear();
   ropes_.clear();
+  experts_.clear();
   overrides_.clear();
   loaded_.clear();
   config_origins_.clear();
@@ -60,12 +109,10 @@ void Registry::add_module_type(const config::ModuleType& type) {
   types_[type.name] = type;
 }
 
-void Registry::add_rope_op(const ops::RopeOp& op) {
-  check(!op.name.empty() && op.forward && op.backward,
-        "plugin '" + origin_ + "' registered a RoPE op without a name, forward or backward");
-  check(!ropes_.count(op.name), "op '" + op.name + "' is already registered; plugin '" + origin_ +
-                                    "' must pick another name");
-  ropes_[op.name] = op;
+void Registry::add_rope_op(const ops::RopeOp& op) { ropes_.add(op, "RoPE", origin_); }
+
+void Registry::add_experts_op(const ops::GroupedExpertsOp& op) {
+  experts_.add(op, "experts", origin_);
 }
 
 void Registry::add_override(const Override& o) {
@@ -90,12 +137,15 @@ const config::ModuleType& Registry::module_type(const std::string& name) const {
   return it->second;
 }
 
-const ops::RopeOp& Registry::rope_op(const std::string& name) const {
-  auto it = ropes_.find(name);
-  check(it != ropes_.end(), "no RoPE op named '" + name +
-                                "' is registered (load its plugin with "
-                                "--override.imports or --module)");
-  return it->second;
+const ops::RopeOp& Registry::rope_op(const std::string& name, const std::string& device,
+                                     const std::string& dtype) const {
+  return ropes_.get("RoPE", name, device, dtype);
+}
+
+const ops::GroupedExpertsOp& Registry::experts_op(const std::string& name,
+                                                  const std::string& device,
+                                                  const std::string& dtype) const {
+  return experts_.get("experts", name, device, dtype);
 }
 
 std::string Registry::load(const std::string& lib) {

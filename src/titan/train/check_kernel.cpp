@@ -10,6 +10,8 @@
 #include "titan/core/log.h"
 #include "titan/models/qwen3/module_tree.h"
 #include "titan/ops/elementwise.h"
+#include "titan/ops/experts_op.h"
+#include "titan/ops/router.h"
 #include "titan/plugin/registry.h"
 
 namespace titan::train {
@@ -40,6 +42,85 @@ Diff compare(const std::vector<float>& a, const std::vector<float>& b) {
     if (b[i] != 0) d.rel = std::max(d.rel, e / std::fabs(static_cast<double>(b[i])));
   }
   return d;
+}
+
+// Max |a − b| over max |b|: the experts' outputs are sums of D·F products whose order differs
+// between kernels, so they are compared relative to the output's scale.
+double scaled_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+    m = std::max(m, std::fabs(static_cast<double>(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+// One experts op against the reference loop on shape s (routing from a random router, so
+// experts get uneven loads; `one_expert` sends every token to expert 0 first). Returns whether
+// every output is within kExpertsTolerance.
+constexpr double kExpertsTolerance = 1e-5;  // fp32 vs double-accumulated reference: ~1e-6 seen
+bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp& ref,
+                   const ops::ExpertsShape& s, bool bf16, bool one_expert, const char* what) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd;
+  auto fill = [&](std::vector<float>& v, float scale) {
+    for (auto& x : v) x = bf16 ? to_bf16_value(scale * nd(rng)) : scale * nd(rng);
+  };
+  const size_t T = static_cast<size_t>(s.T), D = static_cast<size_t>(s.D),
+               F = static_cast<size_t>(s.F), E = static_cast<size_t>(s.E),
+               K = static_cast<size_t>(s.K);
+  std::vector<float> x(T * D), dy(T * D), w1(E * F * D), w3(E * F * D), w2(E * D * F),
+      logits(T * E), p(T * E), w(T * K);
+  fill(x, 1.0f);
+  fill(dy, 1.0f);
+  fill(w1, 1.0f / std::sqrt(static_cast<float>(D)));
+  fill(w3, 1.0f / std::sqrt(static_cast<float>(D)));
+  fill(w2, 1.0f / std::sqrt(static_cast<float>(F)));
+  fill(logits, 2.0f);
+  if (one_expert)
+    for (size_t t = 0; t < T; ++t) logits[t * E] = 100.0f;
+  std::vector<int32_t> idx(T * K);
+  ops::router_fwd(logits.data(), nullptr, s.T, s.E, s.K, true, p.data(), idx.data(), w.data());
+  struct Out {
+    std::vector<float> y, dx, dw, dw1, dw3, dw2;
+  };
+  auto run = [&](const ops::GroupedExpertsOp& op) {
+    Out o{std::vector<float>(T * D),     std::vector<float>(T * D),
+          std::vector<float>(T * K),     std::vector<float>(E * F * D),
+          std::vector<float>(E * F * D), std::vector<float>(E * D * F)};
+    std::vector<float> saved(static_cast<size_t>(op.saved_floats(s))),
+        scratch(static_cast<size_t>(op.scratch_floats(s)));
+    ops::ExpertsArgs a;
+    a.s = s;
+    a.x = x.data();
+    a.idx = idx.data();
+    a.w = w.data();
+    a.w1 = w1.data();
+    a.w3 = w3.data();
+    a.w2 = w2.data();
+    a.saved = saved.data();
+    a.scratch = scratch.data();
+    op.forward(a, o.y.data());
+    op.backward(a, {dy.data(), o.dx.data(), o.dw.data(), o.dw1.data(), o.dw3.data(), o.dw2.data()});
+    return o;
+  };
+  const Out a = run(alt), b = run(ref);
+  const double e[6] = {scaled_diff(a.y, b.y),     scaled_diff(a.dx, b.dx),
+                       scaled_diff(a.dw, b.dw),   scaled_diff(a.dw1, b.dw1),
+                       scaled_diff(a.dw3, b.dw3), scaled_diff(a.dw2, b.dw2)};
+  char line[400];
+  std::snprintf(
+      line, sizeof line,
+      "check-kernel %s vs %s [%s T=%lld D=%lld F=%lld E=%lld K=%lld, %s]: max |Δ|/max|ref| "
+      "y %.3g | dx %.3g dw %.3g dw1 %.3g dw3 %.3g dw2 %.3g",
+      alt.name.c_str(), ref.name.c_str(), what, static_cast<long long>(s.T),
+      static_cast<long long>(s.D), static_cast<long long>(s.F), static_cast<long long>(s.E),
+      static_cast<long long>(s.K), bf16 ? "bf16 inputs" : "fp32", e[0], e[1], e[2], e[3], e[4],
+      e[5]);
+  log::info(line);
+  bool ok = true;
+  for (double v : e) ok &= v <= kExpertsTolerance;
+  return ok;
 }
 
 }  // namespace
@@ -104,6 +185,34 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
         ok &= fd.abs <= tolerance && bd.abs <= tolerance;
         ++checked;
       }
+    }
+  }
+  // Grouped experts: every distinct op the (overridden) model uses against the reference loop,
+  // on the model's layer shape (at most 1024 tokens, to keep the reference loop quick) and edge
+  // shapes: one token, more experts than tokens (empty experts), all tokens to one expert.
+  if (a.is_moe()) {
+    const auto experts = qwen3::experts_plan(*tree, a, cfg.training.local_batch_size * S);
+    const ops::GroupedExpertsOp ref =
+        plugin::Registry::global().experts_op("grouped_experts_reference");
+    std::vector<std::string> done;
+    for (const auto& op : experts) {
+      if (!op.forward || std::find(done.begin(), done.end(), op.name) != done.end()) continue;
+      done.push_back(op.name);
+      const int64_t T = std::min<int64_t>(cfg.training.local_batch_size * S, 1024);
+      const int64_t D = a.dim, F = a.moe_hidden_dim, E = a.num_experts, K = a.top_k;
+      const struct {
+        ops::ExpertsShape s;
+        bool one;
+        const char* what;
+      } cases[] = {{{T, D, F, E, K}, false, "layer"},
+                   {{1, D, F, E, K}, false, "one token"},
+                   {{std::max<int64_t>(1, E / 4), D, F, E, K}, false, "empty experts"},
+                   {{std::min<int64_t>(T, 64), D, F, E, K}, true, "one hot expert"}};
+      for (const auto& c : cases)
+        for (bool bf16 : {false, true}) {
+          ok &= check_experts(op, ref, c.s, bf16, c.one, c.what);
+          ++checked;
+        }
     }
   }
   if (checked == 0) {

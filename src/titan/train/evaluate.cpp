@@ -7,9 +7,10 @@
 #include "titan/checkpoint/checkpointer.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
+#include "titan/data/dataset.h"
 #include "titan/data/packed_loader.h"
-#include "titan/data/text_source.h"
 #include "titan/models/qwen3/model.h"
+#include "titan/train/validator.h"
 
 namespace titan::train {
 namespace {
@@ -88,13 +89,13 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     const auto& t = cfg.training;
     qwen3::Qwen3Model m(args, t.local_batch_size, t.seq_len, cfg.loss.num_chunks);
     load_weights(m, cfg);
+    auto docs = data::open_dataset(dataloader_spec(cfg));
+    check_vocab_fits(*docs, args.vocab_size);
     data::LoaderOptions lo;
     lo.batch = t.local_batch_size;
     lo.seq_len = t.seq_len;
     lo.shuffle = false;
-    data::PackedLoader loader(
-        data::load_documents(cfg.dataloader.dataset, cfg.dataloader.dataset_path),
-        data::ByteTokenizer(), lo);
+    data::PackedLoader loader(std::move(docs), lo);
     const int64_t T = t.local_batch_size * t.seq_len;
     std::vector<int32_t> in(T), lab(T), pos(T);
     check(cfg.eval.steps > 0, "eval.steps must be positive");

@@ -51,6 +51,33 @@ std::string format_jsonl(const StepMetrics& m) {
                       {"step_time_s", m.step_time},
                       {"data_loading_time_s", m.data_loading_time},
                       {"n_tokens_seen", m.n_tokens_seen}};
+  if (std::isfinite(m.aux_loss)) j["aux_loss"] = m.aux_loss;
+  if (!m.expert_load.empty()) {
+    j["expert_load"] = nlohmann::json::array();
+    for (const auto& e : m.expert_load)
+      j["expert_load"].push_back({{"layer", e.layer}, {"min", e.min}, {"max", e.max}});
+  }
+  return j.dump();
+}
+
+std::string format_validation_console(const ValidationMetrics& m, bool color) {
+  const char* yellow = color ? "\033[33m" : "";
+  const char* green = color ? "\033[32m" : "";
+  const char* turquoise = color ? "\033[36m" : "";
+  const char* blue = color ? "\033[34m" : "";
+  const char* reset = color ? "\033[39m" : "";
+  char buf[384];
+  std::snprintf(buf, sizeof buf,
+                "%svalidate step: %2lld  %sloss: %7.4f  %smemory: %5.2fGiB(%.2f%%)  %stps: %s%s",
+                yellow, static_cast<long long>(m.step), green, m.loss, turquoise, m.memory_gib,
+                m.memory_pct, blue, with_commas(std::llround(m.tps)).c_str(), reset);
+  return buf;
+}
+
+std::string format_validation_jsonl(const ValidationMetrics& m) {
+  nlohmann::json j = {
+      {"step", m.step},          {"validation_loss", m.loss},  {"validation_tokens", m.tokens},
+      {"validation_tps", m.tps}, {"memory_gib", m.memory_gib}, {"memory_pct", m.memory_pct}};
   return j.dump();
 }
 
@@ -67,6 +94,14 @@ void MetricsWriter::log(const StepMetrics& m) {
   log::info(format_console(m, color_));
   if (jsonl_.is_open()) {
     jsonl_ << format_jsonl(m) << '\n';
+    jsonl_.flush();
+  }
+}
+
+void MetricsWriter::log_validation(const ValidationMetrics& m) {
+  log::info(format_validation_console(m, color_));
+  if (jsonl_.is_open()) {
+    jsonl_ << format_validation_jsonl(m) << '\n';
     jsonl_.flush();
   }
 }

@@ -1,8 +1,10 @@
 // torchtitan's metrics: the console line and a JSONL record per logged step.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace titan::train {
 
@@ -13,6 +15,14 @@ struct StepMetrics {
   double tps = 0, tflops = 0, mfu = 0;
   double step_time = 0, data_loading_time = 0;
   int64_t n_tokens_seen = 0;
+  // MoE: the auxiliary load-balancing loss (NaN when off) and, per MoE layer, the fewest and
+  // most tokens any expert received in the step (JSONL only).
+  double aux_loss = std::nan("");
+  struct ExpertLoad {
+    int64_t layer = 0;
+    double min = 0, max = 0;
+  };
+  std::vector<ExpertLoad> expert_load;
 };
 
 // "step:  1  loss:  7.62461  grad_norm:  1.2345  memory:  0.52GiB(2.17%)  tps: 1,234  tflops: 0.12
@@ -22,11 +32,24 @@ std::string format_jsonl(const StepMetrics& m);
 // 1234567 -> "1,234,567"
 std::string with_commas(int64_t v);
 
+// One validation (validator.*): torchtitan's "validate step:" line and a JSONL record
+// {"step", "validation_loss", "validation_tokens", "validation_tps", "memory_gib", "memory_pct"}.
+struct ValidationMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  int64_t tokens = 0;
+  double tps = 0, memory_gib = 0, memory_pct = 0;
+};
+// "validate step:  2  loss:  7.6246  memory:  0.52GiB(2.17%)  tps: 1,234"
+std::string format_validation_console(const ValidationMetrics& m, bool color);
+std::string format_validation_jsonl(const ValidationMetrics& m);
+
 class MetricsWriter {
  public:
   // jsonl_path empty: no file. The file is opened for append (a resumed run continues it).
   MetricsWriter(const std::string& jsonl_path, bool color);
   void log(const StepMetrics& m);
+  void log_validation(const ValidationMetrics& m);
 
  private:
   std::ofstream jsonl_;

@@ -1,12 +1,13 @@
 #include "titan/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/core/log.h"
-#include "titan/data/text_source.h"
+#include "titan/data/dataset.h"
 #include "titan/models/qwen3/module_tree.h"
 #include "titan/ops/gemm.h"
 #include "titan/plugin/registry.h"
@@ -23,27 +24,36 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
         "training.global_batch_size must be a multiple of local_batch_size × data-parallel degree");
   grad_accum_ = global / (t.local_batch_size * dp);
 
-  data::ByteTokenizer tok;
-  check(tok.vocab_size() <= args_.vocab_size,
-        "the tokenizer has " + std::to_string(tok.vocab_size()) + " ids but model.vocab_size is " +
-            std::to_string(args_.vocab_size) + "; raise model.vocab_size");
-  if (docs.empty())
-    docs = data::load_documents(cfg_.dataloader.dataset, cfg_.dataloader.dataset_path);
+  // The dataset (text tokenized by dataloader.tokenizer, or token shards) and the validator's.
+  std::shared_ptr<const data::DocumentSet> dataset =
+      docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
+                   : std::make_shared<data::TextDocuments>(
+                         std::move(docs), data::make_tokenizer(cfg_.dataloader.tokenizer));
+  check_vocab_fits(*dataset, args_.vocab_size);
+  if (cfg_.validator.enable) {
+    data::DatasetSpec vs = validator_spec(cfg_);
+    if (auto* text = dynamic_cast<const data::TextDocuments*>(dataset.get()))
+      vs.loaded = text->tokenizer();  // load the tokenizer once
+    auto vdocs = data::open_dataset(vs);
+    check_vocab_fits(*vdocs, args_.vocab_size);
+    validator_ = std::make_unique<Validator>(cfg_, std::move(vdocs));
+  }
   data::LoaderOptions lo;
   lo.batch = t.local_batch_size;
   lo.seq_len = t.seq_len;
   lo.shuffle = cfg_.dataloader.shuffle;
   lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
-  loader_ = std::make_unique<data::PackedLoader>(std::move(docs), tok, lo);
+  loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
 
   // Module tree -> overrides from --override.imports -> the ops each layer calls.
   auto tree = qwen3::build_module_tree(args_, t.seq_len);
   std::vector<std::string> imports = plugin::split_list(cfg_.override_.imports);
   for (const auto& lib : imports) plugin::Registry::global().load(lib);
   plugin::apply_overrides(tree, "model", imports);
-  model_ = std::make_unique<qwen3::Qwen3Model>(args_, t.local_batch_size, t.seq_len,
-                                               cfg_.loss.num_chunks,
-                                               qwen3::rope_plan(*tree, args_, t.seq_len));
+  model_ = std::make_unique<qwen3::Qwen3Model>(
+      args_, t.local_batch_size, t.seq_len, cfg_.loss.num_chunks,
+      qwen3::rope_plan(*tree, args_, t.seq_len),
+      qwen3::experts_plan(*tree, args_, t.local_batch_size * t.seq_len));
   const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   model_->init_weights(seed);
   m_.resize(model_->num_params());
@@ -92,14 +102,27 @@ StepResult Trainer::step() {
   r.valid_tokens = valid;
   const float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
 
-  double loss_sum = 0;
+  double loss_sum = 0, aux_sum = 0;
+  const float aux_weight = 1.0f / static_cast<float>(grad_accum_);  // the step's aux term: mean
   for (int64_t a = 0; a < grad_accum_; ++a) {
     qwen3::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
                    labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
-    loss_sum += model_->forward_backward(b, scale).sum;
+    loss_sum += model_->forward_backward(b, scale, aux_weight).sum;
+    aux_sum += model_->last_aux_loss();
   }
   tokens_seen_ += grad_accum_ * mb_tokens;
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
+  if (args_.router_aux_loss) {
+    r.aux_loss = aux_sum / static_cast<double>(grad_accum_);
+    r.loss += args_.router_aux_loss_coef * r.aux_loss;
+  }
+  size_t moe = 0;
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    if (!args_.moe_layer(l)) continue;
+    const auto& load = model_->expert_load()[moe++];
+    r.expert_load.push_back({l, *std::min_element(load.begin(), load.end()),
+                             *std::max_element(load.begin(), load.end())});
+  }
 
   const int64_t n = model_->num_params();
   r.grad_norm = std::sqrt(optim::sum_squares(model_->grad_data(), n));
@@ -112,6 +135,7 @@ StepResult Trainer::step() {
     throw Error(msg);
   }
   optim::clip_by_norm(model_->grad_data(), n, r.grad_norm, t.max_norm);
+  model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
   optim::adamw_step(model_->param_data(), model_->grad_data(), m_.data(), v_.data(), n, adamw_,
                     static_cast<float>(r.lr), step_);
@@ -178,6 +202,8 @@ void Trainer::train() {
       m.step_time = dt / static_cast<double>(steps_since_log);
       m.data_loading_time = data_since_log / static_cast<double>(steps_since_log);
       m.n_tokens_seen = tokens_seen_;
+      m.aux_loss = r.aux_loss;
+      m.expert_load = r.expert_load;
       writer.log(m);
       last_log = now;
       tokens_since_log = 0;
@@ -185,8 +211,26 @@ void Trainer::train() {
       data_since_log = 0;
     }
     maybe_checkpoint();
+    if (validator_ && validator_->should_validate(step_)) {
+      const ValidationResult v = validator_->validate(*model_);
+      ValidationMetrics vm;
+      vm.step = step_;
+      vm.loss = v.loss;
+      vm.tokens = v.tokens;
+      vm.tps = static_cast<double>(v.batches * per_rank) / v.seconds;
+      vm.memory_gib = static_cast<double>(cpu::peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0);
+      vm.memory_pct = 100.0 * static_cast<double>(cpu::peak_rss_bytes()) /
+                      static_cast<double>(cpu::total_memory_bytes());
+      writer.log_validation(vm);
+      last_log += v.seconds;  // the training tps leaves validation time out
+    }
   }
   log::info("Training completed");
+}
+
+ValidationResult Trainer::validate() {
+  check(validator_ != nullptr, "validator.enable is off");
+  return validator_->validate(*model_);
 }
 
 }  // namespace titan::train

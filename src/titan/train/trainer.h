@@ -3,6 +3,7 @@
 // normalized by the step's valid tokens, clip by the global L2 norm (logging the norm before
 // clipping), stop on a non-finite loss or norm before any update, AdamW, LR step, metrics.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,12 +17,15 @@
 #include "titan/optim/adamw.h"
 #include "titan/optim/lr_schedule.h"
 #include "titan/train/metrics.h"
+#include "titan/train/validator.h"
 
 namespace titan::train {
 
 struct StepResult {
-  double loss = 0, grad_norm = 0, lr = 0;
+  double loss = 0, grad_norm = 0, lr = 0;  // loss includes coef · aux when the aux loss is on
   int64_t valid_tokens = 0;
+  double aux_loss = std::nan("");                    // mean over microbatches; NaN when off
+  std::vector<StepMetrics::ExpertLoad> expert_load;  // per MoE layer
 };
 
 class Trainer {
@@ -40,12 +44,15 @@ class Trainer {
   int64_t grad_accum_steps() const { return grad_accum_; }
   // Saves a checkpoint if one is due after the current step (train() calls it every step).
   void maybe_checkpoint();
+  // One validation now (validator.enable must be on); train() runs it when due.
+  ValidationResult validate();
 
  private:
   config::JobConfig cfg_;
   qwen3::Qwen3Args args_;
   std::unique_ptr<qwen3::Qwen3Model> model_;
   std::unique_ptr<data::PackedLoader> loader_;
+  std::unique_ptr<Validator> validator_;  // when validator.enable
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   Buffer<float> m_, v_;
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step

@@ -22,6 +22,20 @@ Qwen3Args make(int64_t vocab, int64_t dim, int64_t layers, int64_t heads, int64_
   return a;
 }
 
+// torchtitan's MoE flavors: every layer sparse, softmax router with route_norm, untied.
+Qwen3Args make_moe(int64_t vocab, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
+                   int64_t hidden, int64_t moe_hidden, int64_t experts, int64_t top_k,
+                   double theta, int64_t max_ctx) {
+  Qwen3Args a = make(vocab, dim, layers, heads, kv, hidden, max_ctx, false);
+  a.rope_theta = theta;
+  a.num_experts = experts;
+  a.top_k = top_k;
+  a.moe_hidden_dim = moe_hidden;
+  a.norm_topk_prob = true;
+  a.load_balance_coeff = 1e-3;
+  return a;
+}
+
 const std::map<std::string, Qwen3Args>& table() {
   static const std::map<std::string, Qwen3Args> t = {
       {"debugmodel", make(2048, 256, 8, 16, 8, 3072, 4096, true)},
@@ -31,14 +45,21 @@ const std::map<std::string, Qwen3Args>& table() {
       {"8B", make(151936, 4096, 36, 32, 8, 12288, 40960, false)},
       {"14B", make(151936, 5120, 40, 40, 8, 17408, 40960, false)},
       {"32B", make(151936, 5120, 64, 64, 8, 25600, 40960, false)},
+      // hidden (dense SwiGLU, used only by mlp_only_layers): the HF configs' intermediate_size.
+      {"debugmodel_moe", make_moe(2048, 256, 8, 16, 8, 3072, 768, 64, 8, 1e6, 4096)},
+      {"30B-A3B", make_moe(151936, 2048, 48, 32, 4, 6144, 768, 128, 8, 1e6, 40960)},
+      // torchtitan uses theta 5e6 (the 2507 releases); the published Qwen3-235B-A22B
+      // config.json has rope_theta 1e6 and 40960 positions, which is what this flavor uses.
+      {"235B-A22B", make_moe(151936, 4096, 94, 64, 4, 12288, 1536, 128, 8, 1e6, 40960)},
   };
   return t;
 }
 }  // namespace
 
 const std::vector<std::string>& flavor_names() {
-  static const std::vector<std::string> n = {"debugmodel", "0.6B", "1.7B", "4B",
-                                             "8B",         "14B",  "32B"};
+  static const std::vector<std::string> n = {
+      "debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "debugmodel_moe", "30B-A3B",
+      "235B-A22B"};
   return n;
 }
 
@@ -72,6 +93,31 @@ void Qwen3Args::validate() const {
   check(norm_eps > 0, "model.norm_eps must be positive");
   check(attn_mask_type == "causal" || attn_mask_type == "block_causal",
         "model.attn_mask_type '" + attn_mask_type + "' must be causal or block_causal");
+  if (!is_moe()) return;
+  positive(top_k, "top_k");
+  positive(moe_hidden_dim, "moe_hidden_dim");
+  positive(decoder_sparse_step, "decoder_sparse_step");
+  check(top_k <= num_experts, "model.top_k (" + std::to_string(top_k) +
+                                  ") must not exceed model.num_experts (" +
+                                  std::to_string(num_experts) + ")");
+  for (int64_t l : mlp_only_layers)
+    check(l >= 0 && l < n_layers, "model.mlp_only_layers names layer " + std::to_string(l) +
+                                      " of a model with " + std::to_string(n_layers) + " layers");
+  check(router_aux_loss_coef >= 0, "model.router_aux_loss_coef must not be negative");
+  check(load_balance_coeff >= 0, "model.load_balance_coeff must not be negative");
+}
+
+bool Qwen3Args::moe_layer(int64_t i) const {
+  if (!is_moe() || (i + 1) % decoder_sparse_step != 0) return false;
+  for (int64_t l : mlp_only_layers)
+    if (l == i) return false;
+  return true;
+}
+
+int64_t Qwen3Args::n_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < n_layers; ++i) n += moe_layer(i);
+  return n;
 }
 
 }  // namespace titan::qwen3

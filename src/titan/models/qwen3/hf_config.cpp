@@ -35,14 +35,17 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
   };
   if (cfg.contains("architectures") && cfg["architectures"].is_array()) {
     bool ok = false;
-    for (const auto& a : cfg["architectures"]) ok |= a == "Qwen3ForCausalLM";
+    for (const auto& a : cfg["architectures"])
+      ok |= a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM";
     if (!ok)
-      fail("architectures",
-           cfg["architectures"].dump() +
-               " is not supported; titan builds Qwen3ForCausalLM from config.json");
+      fail("architectures", cfg["architectures"].dump() +
+                                " is not supported; titan builds Qwen3ForCausalLM and "
+                                "Qwen3MoeForCausalLM from config.json");
   }
-  if (cfg.contains("model_type") && cfg["model_type"] != "qwen3")
-    fail("model_type", cfg["model_type"].dump() + " is not supported; expected \"qwen3\"");
+  const bool moe_type = cfg.contains("model_type") && cfg["model_type"] == "qwen3_moe";
+  if (cfg.contains("model_type") && cfg["model_type"] != "qwen3" && !moe_type)
+    fail("model_type",
+         cfg["model_type"].dump() + " is not supported; expected \"qwen3\" or \"qwen3_moe\"");
 
   Qwen3Args a;
   a.vocab_size = get_int("vocab_size");
@@ -94,6 +97,35 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
       a.rope_theta = rp["rope_theta"].get<double>();
     }
   }
+  // Qwen3-MoE (qwen3-hf.md §2-§3): sparse layers iff num_experts > 0; the class stores
+  // num_experts as num_local_experts, so accept either name.
+  if (moe_type) {
+    const char* ne = cfg.contains("num_experts") ? "num_experts" : "num_local_experts";
+    a.num_experts = cfg.contains(ne) && !cfg[ne].is_null() ? get_int(ne) : 128;
+  }
+  if (a.num_experts > 0) {
+    a.top_k = cfg.contains("num_experts_per_tok") ? get_int("num_experts_per_tok") : 8;
+    a.moe_hidden_dim =
+        cfg.contains("moe_intermediate_size") ? get_int("moe_intermediate_size") : 768;
+    a.norm_topk_prob = get_bool("norm_topk_prob", false);
+    a.decoder_sparse_step =
+        cfg.contains("decoder_sparse_step") ? get_int("decoder_sparse_step") : 1;
+    if (cfg.contains("mlp_only_layers") && !cfg["mlp_only_layers"].is_null()) {
+      if (!cfg["mlp_only_layers"].is_array()) fail("mlp_only_layers", "must be a list of layers");
+      for (const auto& l : cfg["mlp_only_layers"]) {
+        if (!l.is_number_integer()) fail("mlp_only_layers", "must be a list of layer indices");
+        a.mlp_only_layers.push_back(l.get<int64_t>());
+      }
+    }
+    a.router_aux_loss = get_bool("output_router_logits", false);
+    if (cfg.contains("router_aux_loss_coef") && !cfg["router_aux_loss_coef"].is_null()) {
+      if (!cfg["router_aux_loss_coef"].is_number()) fail("router_aux_loss_coef", "must be a number");
+      a.router_aux_loss_coef = cfg["router_aux_loss_coef"].get<double>();
+    }
+    // Hugging Face checkpoints carry no expert bias: aux-loss-free balancing stays off unless
+    // model.load_balance_coeff asks for it.
+    a.load_balance_coeff = 0;
+  }
   try {
     a.validate();
   } catch (const Error& e) {
@@ -104,8 +136,19 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
 
 json hf_config_json(const Qwen3Args& a, const json& base, const std::string& dtype) {
   json c = base.is_object() ? base : json::object();
-  c["architectures"] = {"Qwen3ForCausalLM"};
-  c["model_type"] = "qwen3";
+  c["architectures"] = {a.is_moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
+  c["model_type"] = a.is_moe() ? "qwen3_moe" : "qwen3";
+  if (a.is_moe()) {
+    c.erase("num_local_experts");
+    c["num_experts"] = a.num_experts;
+    c["num_experts_per_tok"] = a.top_k;
+    c["moe_intermediate_size"] = a.moe_hidden_dim;
+    c["norm_topk_prob"] = a.norm_topk_prob;
+    c["decoder_sparse_step"] = a.decoder_sparse_step;
+    c["mlp_only_layers"] = a.mlp_only_layers;
+    c["output_router_logits"] = a.router_aux_loss;
+    c["router_aux_loss_coef"] = a.router_aux_loss_coef;
+  }
   c["vocab_size"] = a.vocab_size;
   c["hidden_size"] = a.dim;
   c["intermediate_size"] = a.hidden_dim;

@@ -9,6 +9,7 @@
 #include "titan/ops/attention.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/gemm.h"
+#include "titan/ops/router.h"
 
 namespace titan::qwen3 {
 
@@ -26,12 +27,14 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
-                       int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops)
+                       int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
+                       std::vector<ops::GroupedExpertsOp> experts_ops)
     : a_(args),
       max_tokens_(max_batch * max_seq),
       max_batch_(max_batch),
       max_seq_(max_seq),
-      rope_ops_(std::move(rope_ops)) {
+      rope_ops_(std::move(rope_ops)),
+      experts_ops_(std::move(experts_ops)) {
   a_.validate();
   check(max_seq <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq) +
                                        " exceeds the model's maximum context length " +
@@ -41,6 +44,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   loss_chunk_rows_ = std::max<int64_t>(1, (max_tokens_ + loss_chunks - 1) / loss_chunks);
   const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
   const int64_t L = a_.n_layers, T = max_tokens_;
+  const int64_t E = a_.num_experts, K = a_.top_k, Fm = a_.moe_hidden_dim;
 
   // ---- parameter layout
   int64_t off = 0;
@@ -63,11 +67,24 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     add_param(p + "attention.wo.weight", {D, a_.q_dim()}, l + 1, &off);
     ly.ffn_norm = off;
     add_param(p + "ffn_norm.weight", {D}, l + 1, &off);
-    ly.w13 = off;
-    add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off);
-    add_param(p + "feed_forward.w3.weight", {F, D}, l + 1, &off);
-    ly.w2 = off;
-    add_param(p + "feed_forward.w2.weight", {D, F}, l + 1, &off);
+    if (a_.moe_layer(l)) {
+      ly.moe = static_cast<int64_t>(load_.size());
+      load_.emplace_back(static_cast<size_t>(E), 0.0);
+      ly.gate = off;
+      add_param(p + "moe.router.gate.weight", {E, D}, l + 1, &off);
+      ly.ew1 = off;
+      add_param(p + "moe.experts.w1", {E, Fm, D}, l + 1, &off);
+      ly.ew3 = off;
+      add_param(p + "moe.experts.w3", {E, Fm, D}, l + 1, &off);
+      ly.ew2 = off;
+      add_param(p + "moe.experts.w2", {E, D, Fm}, l + 1, &off);
+    } else {
+      ly.w13 = off;
+      add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off);
+      add_param(p + "feed_forward.w3.weight", {F, D}, l + 1, &off);
+      ly.w2 = off;
+      add_param(p + "feed_forward.w2.weight", {D, F}, l + 1, &off);
+    }
     layers_.push_back(ly);
   }
   norm_ = off;
@@ -87,13 +104,29 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
   rope_.resize(max_seq * d);
   ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
+  const int64_t n_moe = static_cast<int64_t>(load_.size());
+  const ops::ExpertsShape es{T, D, Fm, E, K};
+  if (n_moe > 0) {
+    if (experts_ops_.empty()) experts_ops_.assign(static_cast<size_t>(L), ops::grouped_experts_op());
+    check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
+    expert_bias_.resize(n_moe * E);
+    aux_dp_.assign(static_cast<size_t>(E), 0.0f);
+    idx_store_.resize((n_moe + 1) * T * K);
+    aux_idx_ = idx_store_.data() + n_moe * T * K;
+  }
 
   // ---- activations saved for the backward
   const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, QKV = a_.qkv_dim(), Q = a_.q_dim(),
                 KV = a_.kv_dim();
-  const int64_t per_layer = 4 * T * D + 3 * T + T * QKV + T * Q + T * KV + T * Hq + T * Hkv +
-                            T * Q + T * Hq + 2 * T * F + T * F + 16 * 16;
-  acts_.reserve(L * per_layer + 2 * T * D + T + 64);
+  auto layer_floats = [&](int64_t l) {
+    int64_t n = 4 * T * D + 3 * T + T * QKV + T * Q + T * KV + T * Hq + T * Hkv + T * Q + T * Hq +
+                16 * 16;
+    if (a_.moe_layer(l)) return n + T * E + T * K + experts_ops_[l].saved_floats(es) + 16 * 4;
+    return n + 2 * T * F + T * F;
+  };
+  int64_t acts = 2 * T * D + T + 64;
+  for (int64_t l = 0; l < L; ++l) acts += layer_floats(l);
+  acts_.reserve(acts);
   for (int64_t l = 0; l < L; ++l) {
     Saved s;
     s.x = acts_.take(T * D);
@@ -109,8 +142,16 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     s.hmid = acts_.take(T * D);
     s.xn2 = acts_.take(T * D);
     s.rstd2 = acts_.take(T);
-    s.ab = acts_.take(2 * T * F);
-    s.g = acts_.take(T * F);
+    if (a_.moe_layer(l)) {
+      s.ab = s.g = nullptr;
+      s.probs = acts_.take(T * E);
+      s.rw = acts_.take(T * K);
+      s.experts = acts_.take(experts_ops_[l].saved_floats(es));
+      s.idx = idx_store_.data() + layers_[l].moe * T * K;
+    } else {
+      s.ab = acts_.take(2 * T * F);
+      s.g = acts_.take(T * F);
+    }
     saved_.push_back(s);
   }
   h_final_ = acts_.take(T * D);
@@ -123,8 +164,13 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   const int64_t norm_scratch = std::max(ops::rmsnorm_bwd_scratch({T, 1, D, D, D}),
                                         ops::rmsnorm_bwd_scratch({T, Hq, d, QKV, Q}));
   const int64_t loss_scratch = ops::lm_head_ce_scratch(T, V, loss_chunk_rows_);
+  int64_t experts_scratch = 0;  // the largest any layer's experts op asks for
+  for (int64_t l = 0; l < L; ++l)
+    if (a_.moe_layer(l))
+      experts_scratch = std::max(experts_scratch, experts_ops_[l].scratch_floats(es));
+  const int64_t moe_work = n_moe > 0 ? T * K + T * E + experts_scratch + 16 * 4 : 0;
   work_.reserve(3 * T * D + T * QKV + T * Q + T * KV + T * Q + 2 * T * F + T * F + attn_scratch +
-                norm_scratch + T * Hq + loss_scratch + 16 * 16);
+                norm_scratch + T * Hq + loss_scratch + moe_work + 16 * 16);
   tmp_ = work_.take(T * D);
   dx_ = work_.take(T * D);
   dxn_ = work_.take(T * D);
@@ -138,6 +184,11 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   norm_scratch_ = work_.take(norm_scratch);
   delta_ = work_.take(T * Hq);
   loss_scratch_ = work_.take(loss_scratch);
+  if (n_moe > 0) {
+    dw_route_ = work_.take(T * K);
+    dlogits_ = work_.take(T * E);
+    experts_scratch_ = work_.take(experts_scratch);
+  }
   seg_.resize(T);
 }
 
@@ -161,15 +212,16 @@ void Qwen3Model::init_weights(uint64_t seed, float std) {
   }
 }
 
-ops::LossSum Qwen3Model::forward_backward(const Batch& b, float grad_scale) {
-  return run(b, grad_scale, true);
+ops::LossSum Qwen3Model::forward_backward(const Batch& b, float grad_scale, float aux_weight) {
+  return run(b, grad_scale, aux_weight, true);
 }
 
-ops::LossSum Qwen3Model::forward_loss(const Batch& b) { return run(b, 0.0f, false); }
+ops::LossSum Qwen3Model::forward_loss(const Batch& b) { return run(b, 0.0f, 0.0f, false); }
 
-void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, false, out); }
+void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, 0.0f, false, out); }
 
-ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, float* logits_out) {
+ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight, bool backward,
+                             float* logits_out) {
   check(b.B <= max_batch_ && b.S <= max_seq_ && b.B * b.S <= max_tokens_,
         "microbatch of " + std::to_string(b.B) + "x" + std::to_string(b.S) +
             " exceeds the model's allocated " + std::to_string(max_batch_) + "x" +
@@ -207,11 +259,16 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
     ops::linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
     ops::add(s.x, tmp_, s.hmid, T * D);
     ops::rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
-    ops::linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
-    ops::swiglu_fwd(s.ab, s.g, T, F);
-    ops::linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
+    if (w.moe >= 0) {
+      moe_forward(l, T, tmp_, backward);
+    } else {
+      ops::linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
+      ops::swiglu_fwd(s.ab, s.g, T, F);
+      ops::linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
+    }
     ops::add(s.hmid, tmp_, out, T * D);
   }
+  aux_loss_forward(T, backward, aux_weight);
   ops::rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
   if (logits_out) {
     ops::linear_fwd(xf_, P + lm_head_, logits_out, T, D, V);
@@ -227,10 +284,15 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
   for (int64_t l = a_.n_layers - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     Saved& s = saved_[l];
-    // out = hmid + w2·swiglu(w13·norm(hmid))
-    ops::linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D);
-    ops::swiglu_bwd(dg_, s.ab, dab_, T, F);
-    ops::linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F);
+    if (w.moe >= 0) {
+      // out = hmid + moe(norm(hmid))
+      moe_backward(l, T, dx_, dxn_);
+    } else {
+      // out = hmid + w2·swiglu(w13·norm(hmid))
+      ops::linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D);
+      ops::swiglu_bwd(dg_, s.ab, dab_, T, F);
+      ops::linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F);
+    }
     ops::rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm,
                      norm_scratch_);
     ops::add_inplace(dx_, tmp_, T * D);
@@ -252,18 +314,150 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, bool backward, fl
   return loss;
 }
 
+namespace {
+// Runs a (possibly plugin) kernel; a non-titan exception becomes one error naming the op, the
+// direction and the layer.
+template <typename Fn>
+void guarded(const char* kind, const std::string& op, bool forward, int64_t layer, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(std::string(kind) + " op '" + op + "' failed in the " +
+                (forward ? "forward" : "backward") + " of layer " + std::to_string(layer) + ": " +
+                e.what());
+  }
+}
+}  // namespace
+
 void Qwen3Model::call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads,
                            int64_t ld) {
   const ops::RopeOp& op = rope_ops_[layer];
-  try {
+  guarded("RoPE", op.name, forward, layer, [&] {
     (forward ? op.forward : op.backward)(x, b.B, b.S, heads, a_.head_dim, ld, b.positions,
                                          rope_.data());
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {  // a plugin kernel failing: say which one and where
-    throw Error("RoPE op '" + op.name + "' failed in the " + (forward ? "forward" : "backward") +
-                " of layer " + std::to_string(layer) + ": " + e.what());
+  });
+}
+
+ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, int64_t T) {
+  const Layer& w = layers_[l];
+  const Saved& s = saved_[l];
+  const float* P = params_buf_.data();
+  ops::ExpertsArgs ea;
+  ea.s = {T, a_.dim, a_.moe_hidden_dim, a_.num_experts, a_.top_k};
+  ea.x = s.xn2;
+  ea.idx = s.idx;
+  ea.w = s.rw;
+  ea.w1 = P + w.ew1;
+  ea.w3 = P + w.ew3;
+  ea.w2 = P + w.ew2;
+  ea.saved = s.experts;
+  ea.scratch = experts_scratch_;
+  return ea;
+}
+
+// y = Σ_j w[t,j]·expert_{idx[t,j]}(xn2[t]) with (idx, w) from the router on xn2.
+void Qwen3Model::moe_forward(int64_t l, int64_t T, float* y, bool count) {
+  const Layer& w = layers_[l];
+  Saved& s = saved_[l];
+  const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k;
+  ops::linear_fwd(s.xn2, params_buf_.data() + w.gate, dlogits_, T, D, E);  // router logits
+  const float* bias = a_.load_balance_coeff > 0 ? expert_bias_.data() + w.moe * E : nullptr;
+  ops::router_fwd(dlogits_, bias, T, E, K, a_.norm_topk_prob, s.probs, s.idx, s.rw);
+  if (count) ops::count_experts(s.idx, T, K, E, load_[static_cast<size_t>(w.moe)].data());
+  const ops::GroupedExpertsOp& op = experts_ops_[l];
+  const ops::ExpertsArgs ea = experts_args(l, T);
+  guarded("Experts", op.name, true, l, [&] { op.forward(ea, y); });
+}
+
+// Backward of moe_forward: dxn (written) from dy; gate and expert gradients accumulate.
+void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn) {
+  const Layer& w = layers_[l];
+  const Saved& s = saved_[l];
+  const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k;
+  float* G = grads_buf_.data();
+  const ops::GroupedExpertsOp& op = experts_ops_[l];
+  const ops::ExpertsArgs ea = experts_args(l, T);
+  ops::ExpertsGrads eg;
+  eg.dy = dy;
+  eg.dx = dxn;
+  eg.dw = dw_route_;
+  eg.dw1 = G + w.ew1;
+  eg.dw3 = G + w.ew3;
+  eg.dw2 = G + w.ew2;
+  guarded("Experts", op.name, false, l, [&] { op.backward(ea, eg); });
+  ops::router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr,
+                  T, E, K, a_.norm_topk_prob, dlogits_);
+  ops::linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, G + w.gate, T, D, E,
+                  /*dx_accumulate=*/true);
+}
+
+// HF load_balancing_loss_func over all MoE layers' router probabilities P (pooled, N = layers·T
+// rows, no padding mask): aux = E·Σ_e f_e·pbar_e with f_e = (top-k hits of e)/N and
+// pbar_e = Σ P[:,e]/N. Its gradient w.r.t. every P[n,e] is E·f_e/N (top-k is not
+// differentiated), kept in aux_dp_ scaled by coef·aux_weight for the backward.
+void Qwen3Model::aux_loss_forward(int64_t T, bool backward, float aux_weight) {
+  aux_loss_ = 0;
+  if (!a_.router_aux_loss || load_.empty()) return;
+  const int64_t E = a_.num_experts, K = a_.top_k;
+  std::vector<double> hits(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
+  for (int64_t l = 0; l < a_.n_layers; ++l) {
+    if (layers_[l].moe < 0) continue;
+    const Saved& s = saved_[l];
+    const int32_t* idx = s.idx;
+    if (a_.load_balance_coeff > 0) {  // the routing used a bias; HF's statistic has none
+      ops::topk_rows(s.probs, T, E, K, aux_idx_);
+      idx = aux_idx_;
+    }
+    ops::count_experts(idx, T, K, E, hits.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) psum[static_cast<size_t>(e)] += s.probs[t * E + e];
   }
+  const double N = static_cast<double>(load_.size()) * static_cast<double>(T);
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e)
+    aux += (hits[static_cast<size_t>(e)] / N) * (psum[static_cast<size_t>(e)] / N);
+  aux_loss_ = static_cast<double>(E) * aux;
+  const double g = backward ? a_.router_aux_loss_coef * aux_weight : 0.0;
+  for (int64_t e = 0; e < E; ++e)
+    aux_dp_[static_cast<size_t>(e)] =
+        static_cast<float>(g * static_cast<double>(E) * hits[static_cast<size_t>(e)] / (N * N));
+}
+
+void Qwen3Model::finish_step() {
+  const int64_t E = a_.num_experts;
+  for (size_t m = 0; m < load_.size(); ++m) {
+    std::vector<double>& c = load_[m];
+    if (a_.load_balance_coeff > 0) {
+      // torchtitan: delta = coeff·sign(mean(c) − c); delta −= mean(delta); bias += delta (fp32)
+      double mean = 0;
+      for (double x : c) mean += x;
+      mean /= static_cast<double>(E);
+      std::vector<float> delta(static_cast<size_t>(E));
+      float dmean = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        const double diff = mean - c[static_cast<size_t>(e)];
+        delta[static_cast<size_t>(e)] = static_cast<float>(a_.load_balance_coeff) *
+                                        static_cast<float>((diff > 0) - (diff < 0));
+        dmean += delta[static_cast<size_t>(e)];
+      }
+      dmean /= static_cast<float>(E);
+      float* bias = expert_bias_.data() + static_cast<int64_t>(m) * E;
+      for (int64_t e = 0; e < E; ++e) bias[e] += delta[static_cast<size_t>(e)] - dmean;
+    }
+    std::fill(c.begin(), c.end(), 0.0);
+  }
+}
+
+std::vector<BufferInfo> Qwen3Model::buffers() const {
+  std::vector<BufferInfo> out;
+  for (int64_t l = 0; l < a_.n_layers; ++l)
+    if (layers_[l].moe >= 0)
+      out.push_back({"layers." + std::to_string(l) + ".moe.expert_bias",
+                     {a_.num_experts},
+                     const_cast<float*>(expert_bias_.data()) + layers_[l].moe * a_.num_experts});
+  return out;
 }
 
 int64_t Qwen3Model::num_flop_params() const {
@@ -271,7 +465,10 @@ int64_t Qwen3Model::num_flop_params() const {
   for (const auto& p : params_) {
     if (p.alias) continue;
     if (p.fqn == "tok_embeddings.weight" && !a_.tie_embeddings) continue;
-    n += p.numel;
+    if (p.fqn.find(".moe.experts.") != std::string::npos)
+      n += p.numel / a_.num_experts * a_.top_k;  // active experts only
+    else
+      n += p.numel;
   }
   return n;
 }

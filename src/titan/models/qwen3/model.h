@@ -1,4 +1,11 @@
-// The Qwen3 dense model (HF Qwen3ForCausalLM math, torchtitan FQNs) on the CPU in fp32.
+// The Qwen3 model (HF Qwen3ForCausalLM / Qwen3MoeForCausalLM math, torchtitan FQNs) on the CPU
+// in fp32.
+//
+// MoE layers (args.moe_layer(i)) replace the feed-forward by a router (gate linear [E,D], fp32
+// softmax, top-k, optional renormalization; ops/router.h) and the grouped experts
+// (ops/experts_op.h, a registered op pair chosen per layer). Load balancing: Transformers'
+// auxiliary loss (args.router_aux_loss) and torchtitan's aux-loss-free expert bias
+// (args.load_balance_coeff, applied by finish_step()).
 //
 // Parameters and gradients live in one flat buffer each, laid out block by block: group 0 is
 // tok_embeddings, groups 1..L the decoder layers, group L+1 the final norm and an untied lm_head.
@@ -14,6 +21,7 @@
 
 #include "titan/core/buffer.h"
 #include "titan/models/qwen3/args.h"
+#include "titan/ops/experts_op.h"
 #include "titan/ops/loss.h"
 #include "titan/ops/rope_op.h"
 
@@ -28,6 +36,14 @@ struct ParamInfo {
   bool alias = false;  // lm_head.weight when tied: same storage as tok_embeddings.weight
 };
 
+// A persistent non-parameter tensor (torchtitan's expert_bias): checkpointed, not trained by the
+// optimizer, not exported to Hugging Face.
+struct BufferInfo {
+  std::string fqn;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
 // One microbatch: B rows of S tokens. positions restart at 0 at each document.
 struct Batch {
   int64_t B = 0, S = 0;
@@ -40,8 +56,11 @@ class Qwen3Model {
  public:
   // rope_ops: the RoPE kernel pair of each layer (from the module tree and its overrides);
   // empty means the built-in cos/sin RoPE everywhere.
+  // experts_ops: the grouped-experts kernel pair of each layer (entries of dense layers are
+  // unused); empty means the built-in grouped_experts op in every MoE layer.
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
-             std::vector<ops::RopeOp> rope_ops = {});
+             std::vector<ops::RopeOp> rope_ops = {},
+             std::vector<ops::GroupedExpertsOp> experts_ops = {});
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -60,27 +79,54 @@ class Qwen3Model {
 
   // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
   // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count.
-  ops::LossSum forward_backward(const Batch& b, float grad_scale);
+  // With the auxiliary loss on, the microbatch's loss also has router_aux_loss_coef ·
+  // aux_weight · aux (aux_weight = 1 / microbatches per step makes the step's term the mean).
+  ops::LossSum forward_backward(const Batch& b, float grad_scale, float aux_weight = 1.0f);
   // Forward only (evaluation): Σ CE and the count.
   ops::LossSum forward_loss(const Batch& b);
   // Forward only: all logits, out[B·S, V] (labels may be null). For evaluation and parity checks;
   // training never forms all logits.
   void forward_logits(const Batch& b, float* out);
 
+  // ---- MoE state
+  // The auxiliary load-balancing loss of the last forward (HF load_balancing_loss_func over all
+  // MoE layers' router probabilities, pooled; no coefficient); 0 for a dense model.
+  double last_aux_loss() const { return aux_loss_; }
+  // Tokens routed to each expert since the last finish_step(), per MoE layer: [n_moe][E].
+  // Counted in training forwards only (torchtitan's tokens_per_expert).
+  const std::vector<std::vector<double>>& expert_load() const { return load_; }
+  // End of an optimizer step (before the update, as torchtitan's pre-step hook): with
+  // load_balance_coeff > 0, expert_bias += coeff·sign(mean(load) − load) centred to mean 0, per
+  // layer; then the counts restart.
+  void finish_step();
+  // The persistent buffers (expert_bias per MoE layer); writable through data.
+  std::vector<BufferInfo> buffers() const;
+
   // torchtitan: 6·N (embedding excluded unless tied) + 6·L·H·2·head_dim·seq_len.
   double flops_per_token(int64_t seq_len) const;
-  // Parameters counted in the FLOPs formula (N above).
+  // Parameters counted in the FLOPs formula (N above): for MoE, experts count K/E of theirs
+  // (active parameters).
   int64_t num_flop_params() const;
 
  private:
   struct Layer {
-    int64_t attention_norm, wqkv, q_norm, k_norm, wo, ffn_norm, w13, w2;  // parameter offsets
+    int64_t attention_norm, wqkv, q_norm, k_norm, wo, ffn_norm;  // parameter offsets
+    int64_t w13 = 0, w2 = 0;                                     // dense feed-forward
+    int64_t moe = -1;  // index among MoE layers, -1 for a dense layer
+    int64_t gate = 0, ew1 = 0, ew3 = 0, ew2 = 0;  // router and experts
   };
   struct Saved {  // activations of one layer kept for the backward
     float *x, *xn1, *rstd1, *qkv, *qr, *kr, *rstd_q, *rstd_k, *o, *lse, *hmid, *xn2, *rstd2, *ab,
         *g;
+    float *probs = nullptr, *rw = nullptr, *experts = nullptr;  // MoE: router p, weights, op state
+    int32_t* idx = nullptr;
   };
-  ops::LossSum run(const Batch& b, float grad_scale, bool backward, float* logits_out = nullptr);
+  ops::ExpertsArgs experts_args(int64_t l, int64_t T);
+  void moe_forward(int64_t l, int64_t T, float* y, bool count);
+  void moe_backward(int64_t l, int64_t T, const float* dy, float* dxn);
+  void aux_loss_forward(int64_t T, bool backward, float aux_weight);
+  ops::LossSum run(const Batch& b, float grad_scale, float aux_weight, bool backward,
+                   float* logits_out = nullptr);
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
 
@@ -93,6 +139,14 @@ class Qwen3Model {
 
   Buffer<float> rope_;                 // [max_seq, head_dim] cos|sin
   std::vector<ops::RopeOp> rope_ops_;  // per layer
+  std::vector<ops::GroupedExpertsOp> experts_ops_;  // per layer (MoE layers)
+  Buffer<float> expert_bias_;                       // [n_moe, E]
+  std::vector<std::vector<double>> load_;           // [n_moe][E]
+  double aux_loss_ = 0;
+  std::vector<float> aux_dp_;      // [E] the aux loss gradient w.r.t. every p[t,e]
+  Buffer<int32_t> idx_store_;      // routing indices, all MoE layers, + aux top-k scratch
+  int32_t* aux_idx_ = nullptr;     // [T, K]
+  float *dw_route_ = nullptr, *dlogits_ = nullptr, *experts_scratch_ = nullptr;
   Arena acts_;                         // saved activations, all layers
   std::vector<Saved> saved_;           // per layer views into acts_
   float *h_final_, *xf_, *rstd_f_;

@@ -27,7 +27,23 @@ std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_
         {"op", "cos_sin_rope"}, {"theta", theta.str()}, {"max_seq_len", std::to_string(seq_len)}};
     attn->children.emplace_back("rope", rope);
     block->children.emplace_back("attention", attn);
-    block->children.emplace_back("feed_forward", node("FeedForward.Config"));
+    if (a.moe_layer(i)) {
+      auto moe = node("MoE.Config");
+      auto router = node("TokenChoiceTopKRouter.Config");
+      router->fields = {{"num_experts", std::to_string(a.num_experts)},
+                        {"top_k", std::to_string(a.top_k)}};
+      auto experts = node("GroupedExperts.Config");
+      experts->fields = {{"op", "grouped_experts"},
+                         {"num_experts", std::to_string(a.num_experts)},
+                         {"top_k", std::to_string(a.top_k)},
+                         {"dim", std::to_string(a.dim)},
+                         {"hidden_dim", std::to_string(a.moe_hidden_dim)}};
+      moe->children.emplace_back("router", router);
+      moe->children.emplace_back("experts", experts);
+      block->children.emplace_back("moe", moe);
+    } else {
+      block->children.emplace_back("feed_forward", node("FeedForward.Config"));
+    }
     layers->children.emplace_back(std::to_string(i), block);
   }
   root->children.emplace_back("layers", layers);
@@ -47,6 +63,27 @@ std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a,
           "model." + path + " (" + n->type + ") names no op");
     plan.push_back(reg.rope_op(op->second));
     if (plan.back().check && checked.insert(op->second).second) plan.back().check(seq_len);
+  }
+  return plan;
+}
+
+std::vector<ops::GroupedExpertsOp> experts_plan(config::ModuleNode& root, const Qwen3Args& a,
+                                                int64_t tokens, const plugin::Registry& reg) {
+  std::vector<ops::GroupedExpertsOp> plan;
+  if (!a.is_moe()) return plan;
+  std::set<std::string> checked;
+  const ops::ExpertsShape shape{tokens, a.dim, a.moe_hidden_dim, a.num_experts, a.top_k};
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    plan.emplace_back();
+    if (!a.moe_layer(i)) continue;
+    const std::string path = "layers." + std::to_string(i) + ".moe.experts";
+    config::ModuleNode* n = root.find(path);
+    check(n != nullptr, "model." + path + " is missing from the module tree");
+    auto op = n->fields.find("op");
+    check(op != n->fields.end() && !op->second.empty(),
+          "model." + path + " (" + n->type + ") names no op");
+    plan.back() = reg.experts_op(op->second);
+    if (plan.back().check && checked.insert(op->second).second) plan.back().check(shape);
   }
   return plan;
 }

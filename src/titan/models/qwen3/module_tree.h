@@ -2,13 +2,17 @@
 //   model (Qwen3Model.Config)
 //     layers (ModuleList) . {i} (TransformerBlock.Config)
 //       attention (Attention.Config) . rope (CosSinRoPE.Config: op, theta, max_seq_len)
-//       feed_forward (FeedForward.Config)
+//       feed_forward (FeedForward.Config)                     dense layers
+//       moe (MoE.Config) . router (TokenChoiceTopKRouter.Config)  MoE layers
+//                        . experts (GroupedExperts.Config: op, num_experts, top_k, dim,
+//                                   hidden_dim)
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "titan/config/module_tree.h"
 #include "titan/models/qwen3/args.h"
+#include "titan/ops/experts_op.h"
 #include "titan/ops/rope_op.h"
 #include "titan/plugin/registry.h"
 
@@ -20,5 +24,12 @@ std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_
 // seq_len (once per distinct op).
 std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a, int64_t seq_len,
                                    const plugin::Registry& reg = plugin::Registry::global());
+
+// The grouped-experts op of every layer (empty entries for dense layers; an empty vector for a
+// dense model), from each experts node's "op" field; runs each op's check once on the layer
+// shape for `tokens` tokens per microbatch.
+std::vector<ops::GroupedExpertsOp> experts_plan(
+    config::ModuleNode& root, const Qwen3Args& a, int64_t tokens,
+    const plugin::Registry& reg = plugin::Registry::global());
 
 }  // namespace titan::qwen3

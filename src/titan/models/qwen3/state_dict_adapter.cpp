@@ -1,6 +1,8 @@
 #include "titan/models/qwen3/state_dict_adapter.h"
 
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
@@ -22,6 +24,7 @@ const std::vector<std::pair<std::string, std::string>>& layer_map() {
       {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
       {"feed_forward.w3.weight", "mlp.up_proj.weight"},
       {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"moe.router.gate.weight", "mlp.gate.weight"},
   };
   return m;
 }
@@ -66,25 +69,96 @@ std::string from_hf_key(const std::string& key) {
   return "";
 }
 
+std::vector<HfTensor> hf_tensors(const Qwen3Model& model) {
+  std::vector<HfTensor> out;
+  static const std::vector<std::pair<std::string, std::string>> experts = {
+      {"w1", "gate_proj"}, {"w3", "up_proj"}, {"w2", "down_proj"}};
+  for (const auto& p : model.params()) {
+    if (p.alias) continue;
+    auto [idx, rest] = split_layer(p.fqn, "layers.");
+    if (!idx.empty() && rest.rfind("moe.experts.", 0) == 0) {
+      const std::string w = rest.substr(12);
+      for (const auto& [t, h] : experts) {
+        if (w != t) continue;
+        const int64_t E = p.shape[0], per = p.numel / E;
+        for (int64_t e = 0; e < E; ++e)
+          out.push_back({"model.layers." + idx + ".mlp.experts." + std::to_string(e) + "." + h +
+                             ".weight",
+                         {p.shape[1], p.shape[2]},
+                         p.offset + e * per,
+                         p.fqn});
+      }
+      continue;
+    }
+    out.push_back({to_hf_key(p.fqn), p.shape, p.offset, p.fqn});
+  }
+  return out;
+}
+
+namespace {
+// Reads the fused on-disk experts of MoE layers that have them (save_original_format=False):
+// gate_up_proj [E,2F,D] -> w1 = rows [0,F), w3 = rows [F,2F); down_proj [E,D,F] -> w2. Returns the
+// per-expert keys so satisfied; shape problems go to bad_shape.
+std::set<std::string> load_fused_experts(Qwen3Model& model, const ckpt::SafetensorsSet& set,
+                                         std::set<std::string>* used,
+                                         std::vector<std::string>* bad_shape) {
+  std::set<std::string> done;
+  const Qwen3Args& a = model.args();
+  const int64_t E = a.num_experts, F = a.moe_hidden_dim, D = a.dim;
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    if (!a.moe_layer(l)) continue;
+    const std::string pre = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    const ckpt::TensorView* gu = set.find(pre + "gate_up_proj");
+    const ckpt::TensorView* dn = set.find(pre + "down_proj");
+    if (!gu || !dn) continue;
+    used->insert(pre + "gate_up_proj");
+    used->insert(pre + "down_proj");
+    const std::vector<int64_t> gu_shape{E, 2 * F, D}, dn_shape{E, D, F};
+    if (gu->shape != gu_shape || dn->shape != dn_shape) {
+      bad_shape->push_back(pre + "gate_up_proj " + shape_str(gu->shape) + " / down_proj " +
+                           shape_str(dn->shape) + " (expected " + shape_str(gu_shape) + " / " +
+                           shape_str(dn_shape) + ")");
+      continue;
+    }
+    const std::string fq = "layers." + std::to_string(l) + ".moe.experts.";
+    std::vector<float> tmp(static_cast<size_t>(E * 2 * F * D));
+    set.read_f32(pre + "gate_up_proj", gu_shape, tmp.data());
+    float* w1 = model.param_ptr(fq + "w1");
+    float* w3 = model.param_ptr(fq + "w3");
+    for (int64_t e = 0; e < E; ++e) {
+      std::copy_n(tmp.data() + e * 2 * F * D, F * D, w1 + e * F * D);
+      std::copy_n(tmp.data() + e * 2 * F * D + F * D, F * D, w3 + e * F * D);
+    }
+    set.read_f32(pre + "down_proj", dn_shape, model.param_ptr(fq + "w2"));
+    for (int64_t e = 0; e < E; ++e)
+      for (const char* h : {"gate_proj", "up_proj", "down_proj"})
+        done.insert(pre + std::to_string(e) + "." + h + ".weight");
+  }
+  return done;
+}
+}  // namespace
+
 void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const std::string& where) {
   std::vector<std::string> missing, bad_shape, unexpected;
-  std::map<std::string, const ParamInfo*> wanted;  // HF key -> parameter
-  for (const auto& p : model.params())
-    if (!p.alias) wanted[to_hf_key(p.fqn)] = &p;
+  std::set<std::string> used;
+  const std::set<std::string> fused = load_fused_experts(model, set, &used, &bad_shape);
+  std::map<std::string, HfTensor> wanted;  // HF key -> where it goes
+  for (auto& t : hf_tensors(model))
+    if (!fused.count(t.key)) wanted[t.key] = t;
   for (const auto& [key, p] : wanted) {
     const ckpt::TensorView* t = set.find(key);
     if (!t) {
       missing.push_back(key);
       continue;
     }
-    if (t->shape != p->shape) {
-      bad_shape.push_back(key + " " + shape_str(t->shape) + " (expected " + shape_str(p->shape) +
+    if (t->shape != p.shape) {
+      bad_shape.push_back(key + " " + shape_str(t->shape) + " (expected " + shape_str(p.shape) +
                           ")");
       continue;
     }
   }
   for (const auto& key : set.names()) {
-    if (wanted.count(key)) continue;
+    if (wanted.count(key) || used.count(key)) continue;
     if (key == "lm_head.weight" && model.args().tie_embeddings) continue;  // tied: optional
     if (key.find("rotary_emb.inv_freq") != std::string::npos) continue;    // non-persistent buffer
     unexpected.push_back(key);
@@ -102,7 +176,7 @@ void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const s
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
     throw Error(msg + " check that config.json and the weights belong together");
   }
-  for (const auto& [key, p] : wanted) set.read_f32(key, p->shape, model.param_data() + p->offset);
+  for (const auto& [key, p] : wanted) set.read_f32(key, p.shape, model.param_data() + p.offset);
 }
 
 }  // namespace titan::qwen3

@@ -1,5 +1,8 @@
-// titan FQNs <-> Hugging Face Qwen3ForCausalLM keys (torchtitan Qwen3StateDictAdapter,
-// torchtitan.md §3.5), and loading a model's weights from a Hugging Face safetensors set.
+// titan FQNs <-> Hugging Face Qwen3ForCausalLM / Qwen3MoeForCausalLM keys (torchtitan
+// Qwen3StateDictAdapter, torchtitan.md §3.5; qwen3-hf.md §2, §4), and loading a model's weights
+// from a Hugging Face safetensors set. Stacked experts (layers.N.moe.experts.w1 [E,F,D], w3
+// [E,F,D], w2 [E,D,F]) are E per-expert tensors on disk:
+// model.layers.N.mlp.experts.E.{gate_proj,up_proj,down_proj}.weight.
 #pragma once
 #include <string>
 #include <vector>
@@ -12,14 +15,25 @@ class SafetensorsSet;
 
 namespace titan::qwen3 {
 
+// One Hugging Face tensor and where it lives in the flat parameter buffer (contiguous).
+struct HfTensor {
+  std::string key;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  std::string fqn;  // the titan parameter it is (part of)
+};
+// Every HF tensor of the model (the tied lm_head omitted), experts split per expert.
+std::vector<HfTensor> hf_tensors(const Qwen3Model& model);
+
 // "layers.3.attention.wq.weight" -> "model.layers.3.self_attn.q_proj.weight"; throws for an
-// unknown FQN.
+// unknown FQN or a stacked expert tensor (which has E keys: see hf_tensors).
 std::string to_hf_key(const std::string& fqn);
 // The inverse; returns "" for a key titan does not map (the caller reports it as unexpected).
 std::string from_hf_key(const std::string& key);
 
 // Copies every parameter of `model` from an HF safetensors set (any of F32/BF16/F16 on disk).
-// A tied model accepts lm_head.weight present or absent. Missing, unexpected and mis-shaped keys
+// A tied model accepts lm_head.weight present or absent; MoE experts are read per expert or
+// from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]). Missing, unexpected and mis-shaped keys
 // are all reported at once in one titan::Error naming `where`.
 void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const std::string& where);
 

@@ -1,0 +1,194 @@
+// The grouped-experts op ("grouped_experts", forward + backward) against one dense GEMM chain of
+// the same FLOPs: the three projections of a single F-wide SwiGLU MLP on all T·K routed rows
+// (forward h = x·[W1;W3]ᵀ, g = swiglu(h), y = g·W2ᵀ; backward dg, dW2, swiglu_bwd, dx, dW1, dW3),
+// i.e. what the experts would cost if routing cost nothing and every GEMM were one large one.
+// Routing is uniform: each token picks K distinct experts at random. Counters: grouped and
+// dense milliseconds per forward + backward, ratio = grouped / dense, and the grouped TFLOP/s
+// (18·T·K·D·F FLOPs per iteration). The iteration time is the grouped one.
+//
+// BM_expert_gemms_*: the per-expert GEMMs alone for one random routing, through gemm_rows (M / K
+// as oneDNN runtime dimensions, one primitive per layout) or through gemm with the exact row
+// count compiled into the primitive (one primitive per count, created before timing: the best
+// case of any bucketing scheme, which would in addition run padded rows).
+//
+//   ./build/benchmarks/titan_bench --benchmark_filter=experts
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "titan/core/buffer.h"
+#include "titan/core/cpu.h"
+#include "titan/ops/elementwise.h"
+#include "titan/ops/experts_op.h"
+#include "titan/ops/gemm.h"
+
+namespace {
+
+using titan::Buffer;
+using titan::ops::ExpertsShape;
+
+void fill(Buffer<float>& b, std::mt19937& g, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (int64_t i = 0; i < b.size(); ++i) b[i] = d(g);
+}
+
+std::vector<int32_t> uniform_routing(const ExpertsShape& s, std::mt19937& g) {
+  std::vector<int32_t> idx(s.T * s.K), pool(s.E);
+  std::iota(pool.begin(), pool.end(), 0);
+  for (int64_t t = 0; t < s.T; ++t) {
+    std::shuffle(pool.begin(), pool.end(), g);
+    std::copy_n(pool.begin(), s.K, idx.begin() + t * s.K);
+  }
+  return idx;
+}
+
+struct ExpertsData {
+  ExpertsShape s;
+  Buffer<float> x, w, w1, w3, w2, y, dy, dx, dw, dw1, dw3, dw2, saved, scratch;
+  std::vector<int32_t> idx;
+
+  explicit ExpertsData(const ExpertsShape& sh, const titan::ops::GroupedExpertsOp& op) : s(sh) {
+    std::mt19937 g(0);
+    const int64_t T = s.T, D = s.D, F = s.F, E = s.E, K = s.K;
+    x.resize(T * D), w.resize(T * K), y.resize(T * D), dy.resize(T * D), dx.resize(T * D);
+    dw.resize(T * K), w1.resize(E * F * D), w3.resize(E * F * D), w2.resize(E * D * F);
+    dw1.resize(E * F * D), dw3.resize(E * F * D), dw2.resize(E * D * F);
+    saved.resize(op.saved_floats(s)), scratch.resize(op.scratch_floats(s));
+    fill(x, g, -1.f, 1.f), fill(dy, g, -1.f, 1.f), fill(w, g, 0.f, 1.f);
+    fill(w1, g, -0.05f, 0.05f), fill(w3, g, -0.05f, 0.05f), fill(w2, g, -0.05f, 0.05f);
+    idx = uniform_routing(s, g);
+  }
+};
+
+// The dense chain on N = T·K rows with one expert's weights (same FLOPs as the grouped op).
+struct Dense {
+  int64_t N, D, F;
+  Buffer<float> xp, h, g, yp, dyp, dg, dh, dxp, w1, w3, w2, dw1, dw3, dw2;
+  Dense(int64_t n, int64_t d, int64_t f) : N(n), D(d), F(f) {
+    xp.resize(N * D), h.resize(N * 2 * F), g.resize(N * F), yp.resize(N * D), dyp.resize(N * D);
+    dg.resize(N * F), dh.resize(N * 2 * F), dxp.resize(N * D);
+    w1.resize(F * D), w3.resize(F * D), w2.resize(D * F);
+    dw1.resize(F * D), dw3.resize(F * D), dw2.resize(D * F);
+    std::mt19937 r(1);
+    fill(xp, r, -1.f, 1.f), fill(dyp, r, -1.f, 1.f);
+    fill(w1, r, -0.05f, 0.05f), fill(w3, r, -0.05f, 0.05f), fill(w2, r, -0.05f, 0.05f);
+  }
+  void run() {
+    using titan::ops::gemm;
+    gemm(false, true, N, F, D, xp.data(), D, w1.data(), D, h.data(), 2 * F, false);
+    gemm(false, true, N, F, D, xp.data(), D, w3.data(), D, h.data() + F, 2 * F, false);
+    titan::ops::swiglu_fwd(h.data(), g.data(), N, F);
+    gemm(false, true, N, D, F, g.data(), F, w2.data(), F, yp.data(), D, false);
+    gemm(false, false, N, F, D, dyp.data(), D, w2.data(), F, dg.data(), F, false);
+    gemm(true, false, D, F, N, dyp.data(), D, g.data(), F, dw2.data(), F, true);
+    titan::ops::swiglu_bwd(dg.data(), h.data(), dh.data(), N, F);
+    gemm(false, false, N, D, F, dh.data(), 2 * F, w1.data(), D, dxp.data(), D, false);
+    gemm(false, false, N, D, F, dh.data() + F, 2 * F, w3.data(), D, dxp.data(), D, true);
+    gemm(true, false, F, D, N, dh.data(), 2 * F, xp.data(), D, dw1.data(), D, true);
+    gemm(true, false, F, D, N, dh.data() + F, 2 * F, xp.data(), D, dw3.data(), D, true);
+  }
+};
+
+void BM_experts(benchmark::State& state, ExpertsShape s) {
+  const titan::ops::GroupedExpertsOp op = titan::ops::grouped_experts_op();
+  ExpertsData d(s, op);
+  Dense dense(s.T * s.K, s.D, s.F);
+  titan::ops::ExpertsArgs a{s,           d.x.data(),  d.idx.data(),   d.w.data(),      d.w1.data(),
+                            d.w3.data(), d.w2.data(), d.saved.data(), d.scratch.data()};
+  titan::ops::ExpertsGrads gr{d.dy.data(),  d.dx.data(),  d.dw.data(),
+                              d.dw1.data(), d.dw3.data(), d.dw2.data()};
+  op.forward(a, d.y.data());  // warm-up: primitives, page faults
+  op.backward(a, gr);
+  dense.run();
+  double grouped_s = 0, dense_s = 0;
+  for (auto _ : state) {
+    double t0 = titan::cpu::now_seconds();
+    op.forward(a, d.y.data());
+    op.backward(a, gr);
+    double t1 = titan::cpu::now_seconds();
+    dense.run();
+    double t2 = titan::cpu::now_seconds();
+    grouped_s += t1 - t0, dense_s += t2 - t1;
+    state.SetIterationTime(t1 - t0);
+  }
+  const double it = static_cast<double>(state.iterations());
+  const double flops = 18.0 * static_cast<double>(s.T * s.K) * static_cast<double>(s.D * s.F);
+  state.counters["grouped_ms"] = grouped_s / it * 1e3;
+  state.counters["dense_ms"] = dense_s / it * 1e3;
+  state.counters["ratio_grouped_over_dense"] = grouped_s / dense_s;
+  state.counters["grouped_TFLOP/s"] = flops * it / grouped_s / 1e12;
+  state.counters["dense_TFLOP/s"] = flops * it / dense_s / 1e12;
+}
+
+// The 7 per-expert GEMMs of one forward + backward (no SwiGLU, no permutation), for the row
+// counts of one uniform routing. runtime_dims: gemm_rows; else gemm with exact-shape primitives.
+void BM_expert_gemms(benchmark::State& state, ExpertsShape s, bool runtime_dims) {
+  std::mt19937 g(0);
+  const std::vector<int32_t> idx = uniform_routing(s, g);
+  std::vector<int64_t> off(s.E + 1, 0);
+  for (int32_t e : idx) ++off[e + 1];
+  for (int64_t e = 0; e < s.E; ++e) off[e + 1] += off[e];
+  const int64_t N = s.T * s.K, D = s.D, F = s.F;
+  Dense b(N, D, F);  // the permuted-row buffers; one expert's weights serve every expert
+  auto run = [&]() {
+    auto mm = runtime_dims ? titan::ops::gemm_rows : titan::ops::gemm;
+    for (int64_t e = 0; e < s.E; ++e) {
+      const int64_t o = off[e], n = off[e + 1] - o;
+      if (n == 0) continue;
+      float* h = b.h.data() + o * 2 * F;
+      mm(false, true, n, F, D, b.xp.data() + o * D, D, b.w1.data(), D, h, 2 * F, false);
+      mm(false, true, n, F, D, b.xp.data() + o * D, D, b.w3.data(), D, h + F, 2 * F, false);
+      mm(false, true, n, D, F, b.g.data() + o * F, F, b.w2.data(), F, b.yp.data() + o * D, D,
+         false);
+      mm(false, false, n, F, D, b.dyp.data() + o * D, D, b.w2.data(), F, b.dg.data() + o * F, F,
+         false);
+      mm(true, false, D, F, n, b.dyp.data() + o * D, D, b.g.data() + o * F, F, b.dw2.data(), F,
+         true);
+      mm(false, false, n, D, F, h, 2 * F, b.w1.data(), D, b.dxp.data() + o * D, D, false);
+      mm(true, false, F, D, n, h, 2 * F, b.xp.data() + o * D, D, b.dw1.data(), D, true);
+    }
+  };
+  run();  // creates every primitive (one per distinct count for exact shapes)
+  const int64_t prims = titan::ops::gemm_cache_size();
+  for (auto _ : state) run();
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(14.0 * static_cast<double>(N) * static_cast<double>(D * F) *
+                             static_cast<double>(state.iterations()) / 1e12,
+                         benchmark::Counter::kIsRate);
+  state.counters["gemm_cache_size"] = static_cast<double>(prims);
+}
+
+// debugmodel_moe: D=256, F=768, E=64, K=8, 4·256 tokens; reduced Qwen3-30B-A3B expert shape.
+const ExpertsShape kDebugMoe{1024, 256, 768, 64, 8};
+const ExpertsShape k30B{2048, 2048, 768, 64, 4};
+
+BENCHMARK_CAPTURE(BM_experts, debugmodel_moe, kDebugMoe)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048, k30B)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_expert_gemms, debugmodel_moe_runtime_dims, kDebugMoe, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_expert_gemms, debugmodel_moe_exact_shapes, kDebugMoe, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_expert_gemms, qwen3_30b_a3b_T2048_runtime_dims, k30B, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_expert_gemms, qwen3_30b_a3b_T2048_exact_shapes, k30B, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+
+}  // namespace

@@ -1,0 +1,83 @@
+#include "titan/data/dataset.h"
+
+#include <algorithm>
+
+#include "titan/core/error.h"
+#include "titan/core/log.h"
+
+namespace titan::data {
+
+TextDocuments::TextDocuments(std::vector<std::string> docs, std::shared_ptr<const Tokenizer> tok,
+                             std::string section)
+    : docs_(std::move(docs)), tok_(std::move(tok)), section_(std::move(section)) {}
+
+void TextDocuments::tokens(int64_t i, std::vector<int32_t>* out) const {
+  tok_->encode(docs_[static_cast<size_t>(i)], true, true, out);
+}
+
+std::string TextDocuments::vocab_source() const {
+  return section_ + ".tokenizer '" + tok_->name() + "'";
+}
+
+TokenDocuments::TokenDocuments(std::vector<TokenShard> shards) : shards_(std::move(shards)) {
+  starts_.push_back(0);
+  for (const auto& s : shards_) {
+    starts_.push_back(starts_.back() + s.num_documents());
+    vocab_ = std::max(vocab_, s.vocab_size());
+  }
+}
+
+void TokenDocuments::tokens(int64_t i, std::vector<int32_t>* out) const {
+  const size_t k =
+      static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin()) -
+      1;
+  const TokenShard& s = shards_[k];
+  const int64_t d = i - starts_[k];
+  for (uint32_t id : s.document(d)) {
+    check(id < static_cast<uint64_t>(s.vocab_size()),
+          s.path() + ": corrupt token shard (document " + std::to_string(d) + " holds id " +
+              std::to_string(id) + ", past the vocabulary size " + std::to_string(s.vocab_size()) +
+              ")");
+    out->push_back(static_cast<int32_t>(id));
+  }
+}
+
+std::string TokenDocuments::vocab_source() const {
+  std::string first = shards_.empty() ? "" : shards_.front().path();
+  return "the token shards ('" + first + "'" + (shards_.size() > 1 ? ", ..." : "") + ")";
+}
+
+std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
+  const SourceOptions& o = spec.source;
+  const std::string path = source_path(o);
+  const std::vector<std::string> files = resolve_paths(path, o.section);
+  size_t shards = 0;
+  for (const auto& f : files) shards += file_format(o.dataset, f) == "tokens";
+  if (shards > 0) {
+    check(shards == files.size(), o.section + ".dataset_path '" + path +
+                                      "' mixes token shards (.bin) with text files; use one kind");
+    std::vector<TokenShard> v;
+    int64_t docs = 0, tokens = 0;
+    for (const auto& f : files) {
+      v.push_back(TokenShard::open(f));
+      docs += v.back().num_documents();
+      tokens += v.back().num_tokens();
+    }
+    check(docs > 0, "dataset '" + o.dataset + "' at '" + path + "' has no documents; point " +
+                        o.section + ".dataset_path at non-empty token shards");
+    log::info(o.section + ": " + std::to_string(docs) + " pre-tokenized documents (" +
+              std::to_string(tokens) + " tokens) in " + std::to_string(files.size()) +
+              " shard(s) at " + path);
+    return std::make_shared<TokenDocuments>(std::move(v));
+  }
+  std::shared_ptr<const Tokenizer> tok = spec.loaded ? spec.loaded : make_tokenizer(spec.tokenizer);
+  SourceStats st;
+  std::vector<std::string> docs = read_documents(o, &st);
+  log::info(o.section + ": " + std::to_string(st.documents) + " documents in " +
+            std::to_string(st.files) + " file(s) at " + path + ", tokenizer " + tok->name());
+  const std::string problems = describe_problems(st, o.text_field);
+  if (!problems.empty()) log::warn(o.section + ": " + problems);
+  return std::make_shared<TextDocuments>(std::move(docs), std::move(tok), "dataloader");
+}
+
+}  // namespace titan::data

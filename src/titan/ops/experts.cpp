@@ -1,0 +1,397 @@
+// The routed experts of one MoE layer (ops/experts_op.h): two kernel pairs.
+//
+//   forward:  y[t] = Σ_{j<K} w[t,j] · W2[e] · ( silu(W1[e]·x[t]) ⊙ W3[e]·x[t] ),  e = idx[t,j]
+//             x[T,D], idx[T,K] int32 in [0,E), w[T,K]; w1, w3 [E,F,D]; w2 [E,D,F]; y[T,D].
+//   backward: dx[T,D] and dw[T,K] written; dw1, dw3 [E,F,D] and dw2 [E,D,F] accumulated.
+//
+// "grouped_experts": the N = T·K (token, slot) pairs are sorted by expert (a counting sort,
+// stable in token order, so the layout and every sum below are fixed by idx alone). Pair (t,j)
+// goes to row pos(t,j) of the permuted buffers; expert e owns rows [off[e], off[e] + n_e).
+//   xp[N,D]    xp[pos(t,j)] = x[t]
+//   h[N,2F]    h_e = [ xp_e·W1[e]ᵀ | xp_e·W3[e]ᵀ ]      (two GEMMs into one row, ldc = 2F)
+//   g[N,F]     g = silu(h[:, :F]) ⊙ h[:, F:]            (ops::swiglu_fwd)
+//   yp[N,D]    yp_e = g_e·W2[e]ᵀ
+//   y[t]       Σ_j w[t,j]·yp[pos(t,j)], summed in slot order j = 0..K-1 (no atomics)
+// Every product is one ops::gemm_rows call per expert and projection (M or K = n_e is a oneDNN
+// runtime dimension, so the primitive cache stays bounded whatever the routing). The forward
+// saves h and the permutation; the backward regathers xp and recomputes g from h (both cheap).
+// The backward uses dw[t,j] = dy[t]·yp[pos] = (W2ᵀ·dy[t])·g[pos], so yp need not be saved:
+//   du[N,D]    du[pos(t,j)] = dy[t]          (unweighted)
+//   dgu_e      du_e·W2[e]                    dw[t,j] = dgu[pos]·g[pos]
+//   dg, gw     w[t,j]·dgu[pos], w[t,j]·g[pos]  (so dg = dyp·W2 with dyp = w·dy)
+//   dW2[e]    += du_eᵀ·gw_e                   (= dyp_eᵀ·g_e)
+//   dh         ops::swiglu_bwd(dg, h)
+//   dxp_e      dh_e[:, :F]·W1[e] + dh_e[:, F:]·W3[e]
+//   dW1[e]    += dh_e[:, :F]ᵀ·xp_e,  dW3[e] += dh_e[:, F:]ᵀ·xp_e
+//   dx[t]      Σ_j dxp[pos(t,j)] in slot order.
+//
+// "grouped_experts_reference": per (token, slot) the expert MLP in double, no oneDNN; for tests
+// and titan check-kernel.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "titan/core/error.h"
+#include "titan/ops/elementwise.h"
+#include "titan/ops/experts_op.h"
+#include "titan/ops/gemm.h"
+#include "titan/ops/simd.h"
+
+namespace titan::ops {
+namespace {
+
+int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// ---- Row helpers (memory-bound, vectorized by the clones).
+TITAN_CLONES void row_scale(float* y, const float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
+}
+TITAN_CLONES void row_scale_inplace(float* y, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+TITAN_CLONES void row_axpy(float* y, const float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+TITAN_CLONES void row_add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+// Σ x[i]·y[i] with 16 float lanes in a fixed order (vectorizes without reassociation flags).
+TITAN_CLONES float row_dot(const float* x, const float* y, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += x[i + j] * y[i + j];
+  float s = 0.f;
+  for (; i < n; ++i) s += x[i] * y[i];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+void check_shape(const ExpertsShape& s) {
+  check(s.T >= 0 && s.D > 0 && s.F > 0 && s.E > 0 && s.K > 0,
+        "grouped_experts: need T >= 0 and positive D, F, E, K (got T=" + std::to_string(s.T) +
+            " D=" + std::to_string(s.D) + " F=" + std::to_string(s.F) +
+            " E=" + std::to_string(s.E) + " K=" + std::to_string(s.K) + ")");
+  check(s.T * s.K < std::numeric_limits<int32_t>::max(),
+        "grouped_experts: T·K = " + std::to_string(s.T * s.K) + " routed rows exceed int32");
+}
+
+void check_idx(const ExpertsShape& s, const int32_t* idx) {
+  const int64_t n = s.T * s.K;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n && bad < 0; ++i)
+    if (idx[i] < 0 || idx[i] >= s.E) bad = i;
+  if (bad >= 0)
+    throw Error("grouped_experts: expert index " + std::to_string(idx[bad]) + " of token " +
+                std::to_string(bad / s.K) + " slot " + std::to_string(bad % s.K) +
+                " is outside [0, " + std::to_string(s.E) + ")");
+}
+
+// ---- grouped_experts: buffer layouts.
+// saved:   h [round16(N·2F)] | off [E+1] int32 | pos [N] int32
+// scratch: forward  xp [N·D] | yp [N·D] | g [N·F]
+//          backward xp [N·D] | du/dxp [N·D] | g/gw [N·F] | dg [N·F] | dh [N·2F]
+// (every part rounded up to 16 floats, so each starts 64-byte aligned when the base is).
+struct Saved {
+  float* h;
+  int32_t* off;
+  int32_t* pos;
+};
+
+Saved saved_view(const ExpertsShape& s, float* saved) {
+  const int64_t N = s.T * s.K;
+  float* p = saved + round16(N * 2 * s.F);
+  int32_t* off = reinterpret_cast<int32_t*>(p);
+  return {saved, off, off + (s.E + 1)};
+}
+
+int64_t grouped_saved_floats(const ExpertsShape& s) {
+  const int64_t N = s.T * s.K;
+  return round16(N * 2 * s.F) + round16(s.E + 1 + N);
+}
+
+int64_t grouped_scratch_floats(const ExpertsShape& s) {
+  const int64_t N = s.T * s.K;
+  return 2 * round16(N * s.D) + 2 * round16(N * s.F) + round16(N * 2 * s.F);
+}
+
+// Counting sort of the (t, j) pairs by expert, stable in token order: off[E+1] (exclusive
+// prefix sum of the counts) and pos[t·K + j], the permuted row of pair (t, j).
+void route(const ExpertsShape& s, const int32_t* idx, int32_t* off, int32_t* pos) {
+  const int64_t N = s.T * s.K;
+  std::fill_n(off, s.E + 1, 0);
+  for (int64_t i = 0; i < N; ++i) ++off[idx[i] + 1];
+  for (int64_t e = 0; e < s.E; ++e) off[e + 1] += off[e];
+  std::vector<int32_t> cursor(off, off + s.E);
+  for (int64_t i = 0; i < N; ++i) pos[i] = cursor[idx[i]]++;
+}
+
+// xp[pos(t,j)] = x[t] for all pairs (each row written once: parallel over tokens).
+void scatter_rows(const ExpertsShape& s, const int32_t* pos, const float* x, float* xp) {
+  const int64_t D = s.D, K = s.K;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t j = 0; j < K; ++j) std::copy_n(x + t * D, D, xp + pos[t * K + j] * D);
+}
+
+void grouped_forward(const ExpertsArgs& a, float* y) {
+  const ExpertsShape& s = a.s;
+  check_shape(s);
+  if (s.T == 0) return;
+  check_idx(s, a.idx);
+  const int64_t N = s.T * s.K, D = s.D, F = s.F, K = s.K;
+  const Saved sv = saved_view(s, a.saved);
+  route(s, a.idx, sv.off, sv.pos);
+  float* xp = a.scratch;
+  float* yp = xp + round16(N * D);
+  float* g = yp + round16(N * D);
+  scatter_rows(s, sv.pos, a.x, xp);
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
+    if (n == 0) continue;
+    gemm_rows(false, true, n, F, D, xp + o * D, D, a.w1 + e * F * D, D, sv.h + o * 2 * F, 2 * F,
+              false);
+    gemm_rows(false, true, n, F, D, xp + o * D, D, a.w3 + e * F * D, D, sv.h + o * 2 * F + F, 2 * F,
+              false);
+  }
+  swiglu_fwd(sv.h, g, N, F);
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
+    if (n == 0) continue;
+    gemm_rows(false, true, n, D, F, g + o * F, F, a.w2 + e * D * F, F, yp + o * D, D, false);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < s.T; ++t) {
+    float* yt = y + t * D;
+    row_scale(yt, yp + sv.pos[t * K] * D, a.w[t * K], D);
+    for (int64_t j = 1; j < K; ++j) row_axpy(yt, yp + sv.pos[t * K + j] * D, a.w[t * K + j], D);
+  }
+}
+
+// Backward of grouped_forward (same arguments; reads the h and permutation it saved).
+void grouped_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
+  const ExpertsShape& s = a.s;
+  check_shape(s);
+  if (s.T == 0) return;
+  const int64_t N = s.T * s.K, D = s.D, F = s.F, K = s.K;
+  const Saved sv = saved_view(s, a.saved);
+  float* xp = a.scratch;
+  float* du = xp + round16(N * D);  // later dxp
+  float* g = du + round16(N * D);   // later gw
+  float* dg = g + round16(N * F);
+  float* dh = dg + round16(N * F);
+  scatter_rows(s, sv.pos, a.x, xp);
+  scatter_rows(s, sv.pos, gr.dy, du);
+  swiglu_fwd(sv.h, g, N, F);
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
+    if (n == 0) continue;
+    gemm_rows(false, false, n, F, D, du + o * D, D, a.w2 + e * D * F, F, dg + o * F, F, false);
+  }
+  // dw[t,j] = dy[t]·yp[pos] = (dy[t]·W2[e])·g[pos]; then weight the rows of dg and g.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t p = sv.pos[t * K + j];
+      const float wt = a.w[t * K + j];
+      gr.dw[t * K + j] = row_dot(dg + p * F, g + p * F, F);
+      row_scale_inplace(dg + p * F, wt, F);
+      row_scale_inplace(g + p * F, wt, F);
+    }
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
+    if (n == 0) continue;
+    gemm_rows(true, false, D, F, n, du + o * D, D, g + o * F, F, gr.dw2 + e * D * F, F, true);
+  }
+  swiglu_bwd(dg, sv.h, dh, N, F);
+  float* dxp = du;
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
+    if (n == 0) continue;
+    const float* dha = dh + o * 2 * F;  // ∂/∂(W1·x), columns [0,F); ∂/∂(W3·x) at + F
+    gemm_rows(false, false, n, D, F, dha, 2 * F, a.w1 + e * F * D, D, dxp + o * D, D, false);
+    gemm_rows(false, false, n, D, F, dha + F, 2 * F, a.w3 + e * F * D, D, dxp + o * D, D, true);
+    gemm_rows(true, false, F, D, n, dha, 2 * F, xp + o * D, D, gr.dw1 + e * F * D, D, true);
+    gemm_rows(true, false, F, D, n, dha + F, 2 * F, xp + o * D, D, gr.dw3 + e * F * D, D, true);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < s.T; ++t) {
+    float* dxt = gr.dx + t * D;
+    std::copy_n(dxp + sv.pos[t * K] * D, D, dxt);
+    for (int64_t j = 1; j < K; ++j) row_add(dxt, dxp + sv.pos[t * K + j] * D, D);
+  }
+}
+
+// ---- grouped_experts_reference: the expert MLP of one (token, expert) pair in double.
+struct PairAct {
+  std::vector<double> a, b, g, yp;  // W1·x, W3·x, silu(a)⊙b [F]; W2·g [D]
+};
+
+void pair_forward(const ExpertsArgs& ar, int64_t t, int64_t e, PairAct& p) {
+  const int64_t D = ar.s.D, F = ar.s.F;
+  const float* xt = ar.x + t * D;
+  p.a.assign(F, 0.0), p.b.assign(F, 0.0), p.g.assign(F, 0.0), p.yp.assign(D, 0.0);
+  for (int64_t f = 0; f < F; ++f) {
+    const float* r1 = ar.w1 + (e * F + f) * D;
+    const float* r3 = ar.w3 + (e * F + f) * D;
+    double s1 = 0, s3 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      s1 += static_cast<double>(r1[d]) * xt[d];
+      s3 += static_cast<double>(r3[d]) * xt[d];
+    }
+    p.a[f] = s1, p.b[f] = s3;
+    p.g[f] = s1 / (1.0 + std::exp(-s1)) * s3;
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    const float* r2 = ar.w2 + (e * D + d) * F;
+    double acc = 0;
+    for (int64_t f = 0; f < F; ++f) acc += static_cast<double>(r2[f]) * p.g[f];
+    p.yp[d] = acc;
+  }
+}
+
+// Given dyp[D] = w·dy[t]: da = ∂L/∂(W1·x), db = ∂L/∂(W3·x) [F].
+void pair_backward(const ExpertsArgs& ar, int64_t e, const PairAct& p, const double* dyp,
+                   std::vector<double>& da, std::vector<double>& db) {
+  const int64_t D = ar.s.D, F = ar.s.F;
+  da.assign(F, 0.0), db.assign(F, 0.0);
+  std::vector<double> dg(F, 0.0);
+  for (int64_t d = 0; d < D; ++d) {
+    const float* r2 = ar.w2 + (e * D + d) * F;
+    for (int64_t f = 0; f < F; ++f) dg[f] += dyp[d] * r2[f];
+  }
+  for (int64_t f = 0; f < F; ++f) {
+    const double sig = 1.0 / (1.0 + std::exp(-p.a[f]));
+    db[f] = dg[f] * p.a[f] * sig;
+    da[f] = dg[f] * p.b[f] * sig * (1.0 + p.a[f] * (1.0 - sig));
+  }
+}
+
+void reference_forward(const ExpertsArgs& a, float* y) {
+  const ExpertsShape& s = a.s;
+  check_shape(s);
+  check_idx(s, a.idx);
+  const int64_t D = s.D, K = s.K;
+#pragma omp parallel
+  {
+    PairAct p;
+    std::vector<double> acc(D);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < s.T; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < K; ++j) {
+        pair_forward(a, t, a.idx[t * K + j], p);
+        const double wt = a.w[t * K + j];
+        for (int64_t d = 0; d < D; ++d) acc[d] += wt * p.yp[d];
+      }
+      for (int64_t d = 0; d < D; ++d) y[t * D + d] = static_cast<float>(acc[d]);
+    }
+  }
+}
+
+// Backward of reference_forward: dx and dw per token (parallel over tokens), then dW1, dW3, dW2
+// per expert over its tokens in token order (parallel over experts), accumulated in double.
+void reference_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
+  const ExpertsShape& s = a.s;
+  check_shape(s);
+  check_idx(s, a.idx);
+  const int64_t D = s.D, F = s.F, K = s.K;
+#pragma omp parallel
+  {
+    PairAct p;
+    std::vector<double> dyp(D), da, db, dx(D);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < s.T; ++t) {
+      std::fill(dx.begin(), dx.end(), 0.0);
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = a.idx[t * K + j];
+        pair_forward(a, t, e, p);
+        double dwt = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          dwt += static_cast<double>(gr.dy[t * D + d]) * p.yp[d];
+          dyp[d] = static_cast<double>(a.w[t * K + j]) * gr.dy[t * D + d];
+        }
+        gr.dw[t * K + j] = static_cast<float>(dwt);
+        pair_backward(a, e, p, dyp.data(), da, db);
+        for (int64_t f = 0; f < F; ++f) {
+          const float* r1 = a.w1 + (e * F + f) * D;
+          const float* r3 = a.w3 + (e * F + f) * D;
+          for (int64_t d = 0; d < D; ++d) dx[d] += da[f] * r1[d] + db[f] * r3[d];
+        }
+      }
+      for (int64_t d = 0; d < D; ++d) gr.dx[t * D + d] = static_cast<float>(dx[d]);
+    }
+  }
+#pragma omp parallel
+  {
+    PairAct p;
+    std::vector<double> dyp(D), da, db, g1, g3, g2;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t e = 0; e < s.E; ++e) {
+      bool any = false;
+      for (int64_t t = 0; t < s.T; ++t)
+        for (int64_t j = 0; j < K; ++j) {
+          if (a.idx[t * K + j] != e) continue;
+          if (!any) {
+            g1.assign(F * D, 0.0);
+            g3.assign(F * D, 0.0);
+            g2.assign(D * F, 0.0);
+            any = true;
+          }
+          pair_forward(a, t, e, p);
+          for (int64_t d = 0; d < D; ++d)
+            dyp[d] = static_cast<double>(a.w[t * K + j]) * gr.dy[t * D + d];
+          pair_backward(a, e, p, dyp.data(), da, db);
+          const float* xt = a.x + t * D;
+          for (int64_t f = 0; f < F; ++f)
+            for (int64_t d = 0; d < D; ++d) {
+              g1[f * D + d] += da[f] * xt[d];
+              g3[f * D + d] += db[f] * xt[d];
+            }
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t f = 0; f < F; ++f) g2[d * F + f] += dyp[d] * p.g[f];
+        }
+      if (!any) continue;
+      for (int64_t i = 0; i < F * D; ++i) {
+        gr.dw1[e * F * D + i] += static_cast<float>(g1[i]);
+        gr.dw3[e * F * D + i] += static_cast<float>(g3[i]);
+        gr.dw2[e * D * F + i] += static_cast<float>(g2[i]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GroupedExpertsOp grouped_experts_op() {
+  GroupedExpertsOp op;
+  op.name = "grouped_experts";
+  op.device = "cpu";
+  op.dtype = "float32";
+  op.saved_floats = grouped_saved_floats;
+  op.scratch_floats = grouped_scratch_floats;
+  op.forward = grouped_forward;
+  op.backward = grouped_backward;
+  op.check = check_shape;
+  return op;
+}
+
+GroupedExpertsOp grouped_experts_reference_op() {
+  GroupedExpertsOp op;
+  op.name = "grouped_experts_reference";
+  op.device = "cpu";
+  op.dtype = "float32";
+  op.saved_floats = [](const ExpertsShape&) -> int64_t { return 0; };
+  op.scratch_floats = [](const ExpertsShape&) -> int64_t { return 0; };
+  op.forward = reference_forward;
+  op.backward = reference_backward;
+  op.check = check_shape;
+  return op;
+}
+
+}  // namespace titan::ops

@@ -1,0 +1,74 @@
+#include "titan/train/validator.h"
+
+#include <vector>
+
+#include "titan/core/cpu.h"
+#include "titan/core/error.h"
+#include "titan/data/packed_loader.h"
+
+namespace titan::train {
+
+data::DatasetSpec dataloader_spec(const config::JobConfig& c) {
+  data::DatasetSpec s;
+  s.source.dataset = c.dataloader.dataset;
+  s.source.path = c.dataloader.dataset_path;
+  s.source.text_field = c.dataloader.text_field;
+  s.source.skip_malformed = c.dataloader.skip_malformed;
+  s.tokenizer = c.dataloader.tokenizer;
+  return s;
+}
+
+data::DatasetSpec validator_spec(const config::JobConfig& c) {
+  data::DatasetSpec s = dataloader_spec(c);
+  s.source.dataset = c.validator.dataset;
+  s.source.path = c.validator.dataset_path;
+  s.source.section = "validator";
+  return s;
+}
+
+void check_vocab_fits(const data::DocumentSet& d, int64_t model_vocab_size) {
+  check(d.vocab_size() <= model_vocab_size,
+        d.vocab_source() + " has " + std::to_string(d.vocab_size()) +
+            " ids but model.vocab_size is " + std::to_string(model_vocab_size) +
+            "; set model.vocab_size to at least " + std::to_string(d.vocab_size()) +
+            " or use a smaller tokenizer");
+}
+
+Validator::Validator(const config::JobConfig& cfg, std::shared_ptr<const data::DocumentSet> docs)
+    : docs_(std::move(docs)),
+      freq_(cfg.validator.freq),
+      steps_(cfg.validator.steps),
+      batch_(cfg.training.local_batch_size),
+      seq_len_(cfg.training.seq_len),
+      path_(cfg.validator.dataset_path) {
+  check(freq_ > 0, "validator.freq must be positive");
+}
+
+ValidationResult Validator::validate(qwen3::Qwen3Model& model) const {
+  const double t0 = cpu::now_seconds();
+  data::LoaderOptions lo;
+  lo.batch = batch_;
+  lo.seq_len = seq_len_;
+  lo.shuffle = false;
+  lo.repeat = false;
+  data::PackedLoader loader(docs_, lo);
+  const int64_t T = batch_ * seq_len_;
+  std::vector<int32_t> in(T), lab(T), pos(T);
+  ValidationResult r;
+  double sum = 0;
+  while (steps_ < 0 || r.batches < steps_) {
+    if (loader.next(in.data(), lab.data(), pos.data()) == 0) break;
+    ops::LossSum ls = model.forward_loss({batch_, seq_len_, in.data(), lab.data(), pos.data()});
+    sum += ls.sum;
+    r.tokens += ls.count;
+    ++r.batches;
+  }
+  check(r.tokens > 0, "validator.dataset_path '" + path_ + "' gives no complete row of " +
+                          std::to_string(seq_len_) +
+                          " tokens (training.seq_len); use a larger validation set");
+  r.loss = sum / static_cast<double>(r.tokens);
+  r.seconds = cpu::now_seconds() - t0;
+  return r;
+}
+
+}  // namespace titan::train

@@ -1,0 +1,45 @@
+// torchtitan's validator (torchtitan.md §1.4, §4.3-4.4): with validator.enable, after the
+// checkpoint of step 1 and of every validator.freq-th step, the model's loss (forward only, no
+// gradients) over validator.steps batches of a separate dataset (-1: one whole pass), read from
+// its start without shuffling, at the training batch and sequence sizes; logged as
+// "validate step: N  loss: X  memory: ...  tps: ..." and as a JSONL record. The loss is the
+// token mean over every batch (the mean of per-batch means when the batches are full).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "titan/config/job_config.h"
+#include "titan/data/dataset.h"
+#include "titan/models/qwen3/model.h"
+
+namespace titan::train {
+
+// The dataset specs of dataloader.* and of validator.* (which shares the dataloader's
+// tokenizer, text field and skip_malformed).
+data::DatasetSpec dataloader_spec(const config::JobConfig& c);
+data::DatasetSpec validator_spec(const config::JobConfig& c);
+
+// Throws titan::Error when the dataset's ids do not fit model.vocab_size.
+void check_vocab_fits(const data::DocumentSet& d, int64_t model_vocab_size);
+
+struct ValidationResult {
+  double loss = 0;
+  int64_t tokens = 0;   // labels that counted
+  int64_t batches = 0;  // batches evaluated
+  double seconds = 0;
+};
+
+class Validator {
+ public:
+  Validator(const config::JobConfig& cfg, std::shared_ptr<const data::DocumentSet> docs);
+  bool should_validate(int64_t step) const { return step == 1 || step % freq_ == 0; }
+  // Forward only; the model's parameters and gradients are untouched.
+  ValidationResult validate(qwen3::Qwen3Model& model) const;
+
+ private:
+  std::shared_ptr<const data::DocumentSet> docs_;
+  int64_t freq_, steps_, batch_, seq_len_;
+  std::string path_;
+};
+
+}  // namespace titan::train

@@ -1,0 +1,175 @@
+// Document sources: JSON lines (field, malformed lines, missing fields, empty documents), plain
+// text, directories, globs and lists, invalid UTF-8 replaced and counted, empty datasets.
+#include "titan/data/text_source.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+#include "titan/core/error.h"
+
+namespace titan::data {
+namespace {
+
+std::string write(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string p = dir + "/" + name;
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
+SourceOptions opts(const std::string& dataset, const std::string& path) {
+  SourceOptions o;
+  o.dataset = dataset;
+  o.path = path;
+  return o;
+}
+
+// The message of the titan::Error that f throws ("" when it does not throw).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(JsonLines, ReadsTheFieldAndSkipsEmptyDocuments) {
+  const std::string d = titan::testing::fresh_temp_dir("jsonl");
+  const std::string f = write(d, "c4.jsonl",
+                              "{\"text\": \"first doc\", \"url\": \"x\"}\n"
+                              "\n"
+                              "{\"text\": \"\"}\n"
+                              "{\"text\": \"line\\nbreak \\u00e9\"}\r\n"
+                              "{\"text\": \"  \"}\n");
+  SourceStats st;
+  auto docs = read_documents(opts("jsonl", f), &st);
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[0], "first doc");
+  EXPECT_EQ(docs[1], "line\nbreak \xc3\xa9");
+  EXPECT_EQ(st.empty, 2);
+  EXPECT_EQ(st.documents, 2);
+  EXPECT_EQ(describe_problems(st, "text"), "skipped 2 empty document(s)");
+
+  // Another field; and "text" reads .jsonl files as JSON lines by their extension.
+  const std::string g = write(d, "other.jsonl", "{\"content\": \"A\"}\n{\"content\": \"B\"}\n");
+  SourceOptions o = opts("text", g);
+  o.text_field = "content";
+  EXPECT_EQ(read_documents(o), (std::vector<std::string>{"A", "B"}));
+}
+
+TEST(JsonLines, MalformedLineNamesFileAndLineOrIsSkippedAndCounted) {
+  const std::string d = titan::testing::fresh_temp_dir("jsonl_bad");
+  const std::string f = write(d, "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"cut\n[1, 2]\n");
+  std::string msg = error_of([&] { read_documents(opts("jsonl", f)); });
+  EXPECT_NE(msg.find(f + ":2: the line is malformed JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dataloader.skip_malformed = true"), std::string::npos) << msg;
+
+  SourceOptions o = opts("jsonl", f);
+  o.skip_malformed = true;
+  SourceStats st;
+  EXPECT_EQ(read_documents(o, &st), std::vector<std::string>{"ok"});
+  EXPECT_EQ(st.malformed, 2);  // the cut line and the array
+  EXPECT_EQ(st.first_malformed, f + ":2");
+  EXPECT_EQ(describe_problems(st, "text"),
+            "skipped 2 malformed JSON line(s) (first at " + f + ":2)");
+}
+
+TEST(JsonLines, MissingFieldNamesTheField) {
+  const std::string d = titan::testing::fresh_temp_dir("jsonl_field");
+  const std::string f = write(
+      d, "f.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n{\"text\": 3}\n{\"text\": null}\n");
+  std::string msg = error_of([&] { read_documents(opts("jsonl", f)); });
+  EXPECT_NE(msg.find(f + ":2: no field 'text'; set dataloader.text_field"), std::string::npos)
+      << msg;
+  const std::string g = write(d, "g.jsonl", "{\"text\": 3}\n");
+  msg = error_of([&] { read_documents(opts("jsonl", g)); });
+  EXPECT_NE(msg.find(g + ":1: field 'text' is not a string"), std::string::npos) << msg;
+
+  SourceOptions o = opts("jsonl", f);
+  o.skip_malformed = true;
+  SourceStats st;
+  EXPECT_EQ(read_documents(o, &st), std::vector<std::string>{"ok"});
+  EXPECT_EQ(st.missing_field, 3);
+  EXPECT_NE(describe_problems(st, "text")
+                .find("skipped 3 JSON line(s) without a string 'text' "
+                      "field (first at " +
+                      f + ":2)"),
+            std::string::npos);
+}
+
+TEST(TextSource, InvalidUtf8IsReplacedAndCounted) {
+  const std::string d = titan::testing::fresh_temp_dir("utf8");
+  // \xff: one replacement; \xe2\x82 (a truncated 3-byte sequence): one, as Python's
+  // errors="replace" does for a maximal invalid subpart.
+  const std::string f = write(d, "bad.txt", "fine line\nbad \xff byte\ncut \xe2\x82!\n");
+  SourceStats st;
+  auto docs = read_documents(opts("text", f), &st);
+  ASSERT_EQ(docs.size(), 3u);
+  EXPECT_EQ(docs[1], "bad \xef\xbf\xbd byte");
+  EXPECT_EQ(docs[2], "cut \xef\xbf\xbd!");
+  EXPECT_EQ(st.utf8_replaced, 2);
+  EXPECT_EQ(describe_problems(st, "text"),
+            "replaced 2 invalid UTF-8 sequence(s) with U+FFFD (first at " + f + ":2)");
+  // Inside JSON strings too.
+  const std::string j = write(d, "bad.jsonl", "{\"text\": \"a\xff\"}\n");
+  EXPECT_EQ(read_documents(opts("jsonl", j), &st), std::vector<std::string>{"a\xef\xbf\xbd"});
+  EXPECT_EQ(st.utf8_replaced, 1);
+}
+
+TEST(TextSource, FilesDirectoriesGlobsAndLists) {
+  const std::string d = titan::testing::fresh_temp_dir("paths");
+  write(d, "a.txt", "a1\na2\n");
+  write(d, "b.jsonl", "{\"text\": \"b1\"}\n");
+  write(d, "c.txt", "c1\n");
+  write(d, ".hidden", "never\n");
+  EXPECT_EQ(read_documents(opts("text", d)), (std::vector<std::string>{"a1", "a2", "b1", "c1"}));
+  EXPECT_EQ(read_documents(opts("auto", d + "/*.txt")),
+            (std::vector<std::string>{"a1", "a2", "c1"}));
+  EXPECT_EQ(read_documents(opts("text", d + "/c.txt," + d + "/b.jsonl")),
+            (std::vector<std::string>{"c1", "b1"}));
+  std::string msg = error_of([&] { read_documents(opts("text", d + "/*.parquet")); });
+  EXPECT_NE(msg.find("dataset pattern '" + d + "/*.parquet' matches no files"), std::string::npos)
+      << msg;
+  msg = error_of([&] { read_documents(opts("text", d + "/missing.txt")); });
+  EXPECT_NE(msg.find("dataset path '" + d + "/missing.txt' does not exist"), std::string::npos)
+      << msg;
+  msg = error_of([&] { read_documents(opts("c4", d)); });
+  EXPECT_NE(msg.find("dataloader.dataset 'c4' is not a built-in source"), std::string::npos) << msg;
+  msg = error_of([&] { read_documents(opts("jsonl", "")); });
+  EXPECT_NE(msg.find("dataloader.dataset 'jsonl' needs dataloader.dataset_path"), std::string::npos)
+      << msg;
+}
+
+TEST(TextSource, FormatByDatasetAndExtension) {
+  EXPECT_EQ(file_format("text", "x.jsonl"), "jsonl");
+  EXPECT_EQ(file_format("fortunes", "x.JSON"), "jsonl");
+  EXPECT_EQ(file_format("auto", "x.bin"), "tokens");
+  EXPECT_EQ(file_format("auto", "x.txt"), "text");
+  EXPECT_EQ(file_format("fortunes", "art"), "fortunes");
+  EXPECT_EQ(file_format("jsonl", "x.txt"), "jsonl");
+  EXPECT_EQ(file_format("tokens", "x"), "tokens");
+}
+
+TEST(TextSource, EmptyDatasetNamesThePath) {
+  const std::string d = titan::testing::fresh_temp_dir("empty");
+  const std::string f = write(d, "e.jsonl", "{\"text\": \"\"}\n\n");
+  std::string msg = error_of([&] { read_documents(opts("jsonl", f)); });
+  EXPECT_NE(msg.find("dataset 'jsonl' at '" + f + "' has no documents"), std::string::npos) << msg;
+  SourceOptions o = opts("auto", write(d, "blank.txt", "\n \n"));
+  o.section = "validator";
+  msg = error_of([&] { read_documents(o); });
+  EXPECT_NE(msg.find("point validator.dataset_path at non-empty text"), std::string::npos) << msg;
+}
+
+TEST(TextSource, WikitextJsonLines) {
+  auto docs =
+      read_documents(opts("auto", titan::testing::asset("datasets/wikitext-2/valid.jsonl")));
+  EXPECT_EQ(docs.size(), 60u);
+}
+
+}  // namespace
+}  // namespace titan::data
