@@ -29,6 +29,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import argparse
 import json
+import re
 import sys
 
 import torch
@@ -114,10 +115,30 @@ def main():
     if stored is None:
         fail(2, summary, "neither model.safetensors nor model.safetensors.index.json in the directory")
     params = dict(model.named_parameters(remove_duplicate=False))
-    extra = sorted(k for k in stored if k not in params)
+    # Qwen3-MoE: the on-disk per-expert keys (model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight)
+    # load into the fused in-memory experts.gate_up_proj / experts.down_proj (qwen3-hf.md §2); every
+    # expert of every fused parameter must be stored.
+    fused, names = {}, set()
+    for k in stored:
+        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", k)
+        if m:
+            name = m.group(1) + (".down_proj" if m.group(3) == "down" else ".gate_up_proj")
+            fused.setdefault(name, set()).add((int(m.group(2)), m.group(3)))
+            names.add(name)
+        else:
+            names.add(k)
+    for name, got in fused.items():
+        if name not in params:
+            fail(2, summary, f"stored experts for {name}, which the model does not have")
+        n_exp = params[name].shape[0]
+        parts = ("down",) if name.endswith("down_proj") else ("gate", "up")
+        lacking = [(e, p) for e in range(n_exp) for p in parts if (e, p) not in got]
+        if lacking:
+            fail(2, summary, f"{name}: experts not stored: {short([f'{e}.{p}_proj' for e, p in lacking])}")
+    extra = sorted(k for k in names if k not in params)
     if extra:
         fail(2, summary, f"stored tensors that are not model parameters: {short(extra)}")
-    absent = sorted(k for k in params if k not in stored and not (tied and k == "lm_head.weight"))
+    absent = sorted(k for k in params if k not in names and not (tied and k == "lm_head.weight"))
     if absent:
         fail(2, summary, f"model parameters not stored: {short(absent)}")
     if tied:

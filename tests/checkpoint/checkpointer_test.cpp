@@ -145,7 +145,8 @@ TEST_P(HfRoundTrip, TrainExportImport) {
   std::printf("%s", text.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfRoundTrip, ::testing::Values("tied_gqa2", "untied_gqa1"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfRoundTrip,
+                         ::testing::Values("tied_gqa2", "untied_gqa1", "moe_norm", "moe_nonorm_dense1"));
 
 }  // namespace
 }  // namespace titan::ckpt
