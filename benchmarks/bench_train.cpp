@@ -49,6 +49,7 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
     titan::ops::LossSum s = m.forward_backward(b, 1.0f / static_cast<float>(T));
     double norm = std::sqrt(titan::optim::sum_squares(m.grad_data(), m.num_params()));
     titan::optim::clip_by_norm(m.grad_data(), m.num_params(), norm, 1.0);
+    m.finish_step();  // MoE: the expert-bias update, as in training
     titan::optim::adamw_step(m.param_data(), m.grad_data(), mom.data(), var.data(), m.num_params(),
                              c, 8e-4f, ++step);
     loss = s.sum / static_cast<double>(s.count);
@@ -75,6 +76,10 @@ void BM_debugmodel_b4_s256(benchmark::State& s) {
 void BM_debugmodel_b1_s2048(benchmark::State& s) {
   run_step_bench(s, titan::qwen3::flavor("debugmodel"), 1, 2048);
 }
+// torchtitan's MoE debug flavor: 64 experts, top-8 (MFU on active parameters).
+void BM_debugmodel_moe_b4_s256(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel_moe"), 4, 256);
+}
 void BM_qwen3_0_6B_2layer_s512(benchmark::State& s) {
   run_step_bench(s, with_layers("0.6B", 2), 1, 512);
 }
@@ -96,6 +101,7 @@ void BM_gemm_fp32(benchmark::State& state) {
 // Rates are per wall-clock second (UseRealTime): the work runs on every OpenMP thread.
 BENCHMARK(BM_gemm_fp32)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_debugmodel_b4_s256)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
+BENCHMARK(BM_debugmodel_moe_b4_s256)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_debugmodel_b1_s2048)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s512)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s2048)->Unit(benchmark::kMillisecond)->Iterations(2)->UseRealTime();

@@ -24,7 +24,7 @@ import time
 
 import torch
 import transformers
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 PRESETS = {
     # Same shapes as titan.cpp's / torchtitan's qwen3 "debugmodel".
@@ -32,6 +32,14 @@ PRESETS = {
         vocab_size=2048, hidden_size=256, num_hidden_layers=8,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128,
         intermediate_size=3072, tie_word_embeddings=True,
+        rope_theta=1e6, rms_norm_eps=1e-6,
+    ),
+    # torchtitan's "debugmodel_moe": every layer sparse, 64 experts, top-8, renormalised, untied.
+    "debugmodel_moe": dict(
+        vocab_size=2048, hidden_size=256, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, moe_intermediate_size=768, num_experts=64,
+        num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False,
         rope_theta=1e6, rms_norm_eps=1e-6,
     ),
     # Qwen3-0.6B widths with only 2 layers.
@@ -51,7 +59,8 @@ def log(msg):
 def build_model(preset):
     p = dict(PRESETS[preset])
     rope_theta = p.pop("rope_theta")
-    cfg = Qwen3Config(
+    moe = "num_experts" in p
+    cfg = (Qwen3MoeConfig if moe else Qwen3Config)(
         **p,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         max_position_embeddings=32768,
@@ -59,7 +68,7 @@ def build_model(preset):
         attention_dropout=0.0,
         attn_implementation="sdpa",
     )
-    model = Qwen3ForCausalLM(cfg).to(dtype=torch.float32, device="cpu")
+    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(cfg).to(dtype=torch.float32, device="cpu")
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     assert model.config.rope_parameters["rope_theta"] == rope_theta, model.config.rope_parameters
     tied = model.lm_head.weight is model.model.embed_tokens.weight
@@ -75,6 +84,9 @@ def flops_per_token(model, cfg, seq):
     embedding/lm_head); for an untied model the input embedding is excluded
     (it is a lookup, not a matmul)."""
     n = sum(p.numel() for p in model.parameters())
+    if getattr(cfg, "num_experts", 0):  # MoE: only top_k of E experts are active per token
+        experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+        n -= experts - experts * cfg.num_experts_per_tok // cfg.num_experts
     if not cfg.tie_word_embeddings:
         n -= model.model.embed_tokens.weight.numel()
     attn = 6 * cfg.num_hidden_layers * cfg.num_attention_heads * 2 * cfg.head_dim * seq

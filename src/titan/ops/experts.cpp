@@ -96,7 +96,8 @@ void check_idx(const ExpertsShape& s, const int32_t* idx) {
 // saved:   h [round16(N·2F)] | off [E+1] int32 | pos [N] int32
 // scratch: forward  xp [N·D] | yp [N·D] | g [N·F]
 //          backward xp [N·D] | du/dxp [N·D] | g/gw [N·F] | dg [N·F] | dh [N·2F]
-// (every part rounded up to 16 floats, so each starts 64-byte aligned when the base is).
+// (every part rounded up to 16 floats, so each starts 64-byte aligned when the base is). The
+// int32 parts live in the float buffer and are only ever accessed as int32.
 struct Saved {
   float* h;
   int32_t* off;
