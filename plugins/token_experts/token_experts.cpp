@@ -107,7 +107,8 @@ void backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
         const float wt = a.w[t * K + j];
         for (int64_t f = 0; f < F; ++f) g[f] = silu(ab[f]) * ab[F + f];
         for (int64_t c = 0; c < D; ++c)
-          for (int64_t f = 0; f < F; ++f) gr.dw2[(e * D + c) * F + f] += wt * gr.dy[t * D + c] * g[f];
+          for (int64_t f = 0; f < F; ++f)
+            gr.dw2[(e * D + c) * F + f] += wt * gr.dy[t * D + c] * g[f];
         for (int64_t f = 0; f < F; ++f)
           for (int64_t c = 0; c < D; ++c) {
             gr.dw1[(e * F + f) * D + c] += d[f] * a.x[t * D + c];

@@ -146,7 +146,8 @@ TEST_P(HfRoundTrip, TrainExportImport) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfRoundTrip,
-                         ::testing::Values("tied_gqa2", "untied_gqa1", "moe_norm", "moe_nonorm_dense1"));
+                         ::testing::Values("tied_gqa2", "untied_gqa1", "moe_norm",
+                                           "moe_nonorm_dense1"));
 
 }  // namespace
 }  // namespace titan::ckpt

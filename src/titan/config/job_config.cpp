@@ -361,9 +361,10 @@ qwen3::Qwen3Args resolve_model(const JobConfig& c) {
   if (c.model.rope_theta != 0) a.rope_theta = c.model.rope_theta;
   a.attn_mask_type = c.model.attn_mask_type;
   if (c.model.num_experts != 0 || c.model.top_k != 0 || c.model.moe_hidden_dim != 0)
-    check(a.is_moe() || (c.model.num_experts > 0 && c.model.top_k > 0 && c.model.moe_hidden_dim > 0),
-          "model.num_experts/top_k/moe_hidden_dim apply to MoE models; pick an MoE flavor "
-          "(debugmodel_moe, 30B-A3B, 235B-A22B) or set all three");
+    check(
+        a.is_moe() || (c.model.num_experts > 0 && c.model.top_k > 0 && c.model.moe_hidden_dim > 0),
+        "model.num_experts/top_k/moe_hidden_dim apply to MoE models; pick an MoE flavor "
+        "(debugmodel_moe, 30B-A3B, 235B-A22B) or set all three");
   over(c.model.num_experts, a.num_experts);
   over(c.model.top_k, a.top_k);
   over(c.model.moe_hidden_dim, a.moe_hidden_dim);

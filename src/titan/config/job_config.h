@@ -25,9 +25,9 @@ struct ModelConfig {
   std::string attn_mask_type = "block_causal";
   // MoE overrides (0 keeps the flavor's / config.json's value).
   int64_t num_experts = 0, top_k = 0, moe_hidden_dim = 0;
-  double load_balance_coeff = -1;     // torchtitan aux-loss-free bias; -1 keeps, 0 disables
-  bool router_aux_loss = false;       // force Transformers' auxiliary loss on
-  double router_aux_loss_coef = -1;   // -1 keeps (config.json's, else 0.001)
+  double load_balance_coeff = -1;    // torchtitan aux-loss-free bias; -1 keeps, 0 disables
+  bool router_aux_loss = false;      // force Transformers' auxiliary loss on
+  double router_aux_loss_coef = -1;  // -1 keeps (config.json's, else 0.001)
 };
 
 struct TrainingConfig {

@@ -58,8 +58,7 @@ void router_fwd(const float* logits, const float* bias, int64_t T, int64_t E, in
 }
 
 void router_bwd(const float* p, const int32_t* idx, const float* w, const float* dw,
-                const float* dp_extra, int64_t T, int64_t E, int64_t K, bool norm,
-                float* dlogits) {
+                const float* dp_extra, int64_t T, int64_t E, int64_t K, bool norm, float* dlogits) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const float* pt = p + t * E;

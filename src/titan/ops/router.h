@@ -19,8 +19,7 @@ void router_fwd(const float* logits, const float* bias, int64_t T, int64_t E, in
                 float* p, int32_t* idx, float* w);
 
 void router_bwd(const float* p, const int32_t* idx, const float* w, const float* dw,
-                const float* dp_extra, int64_t T, int64_t E, int64_t K, bool norm,
-                float* dlogits);
+                const float* dp_extra, int64_t T, int64_t E, int64_t K, bool norm, float* dlogits);
 
 // Top-K of p[t,:] alone (no bias), in the order router_fwd uses: the selection HF's auxiliary
 // loss makes. idx[T,K] written.

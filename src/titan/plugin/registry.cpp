@@ -27,7 +27,8 @@ const Op& OpTable<Op>::get(const std::string& kind, const std::string& name,
   if (it != ops_.end()) return it->second;
   std::string have;
   for (const auto& [k, op] : ops_)
-    if (std::get<0>(k) == name) have += (have.empty() ? "" : ", ") + std::get<1>(k) + "/" + std::get<2>(k);
+    if (std::get<0>(k) == name)
+      have += (have.empty() ? "" : ", ") + std::get<1>(k) + "/" + std::get<2>(k);
   throw Error("no " + kind + " op named '" + name + "' is registered for " + device + "/" + dtype +
               (have.empty() ? " (load its plugin with --override.imports or --module)"
                             : "; it exists for " + have));
@@ -66,13 +67,16 @@ void Registry::add_builtins() {
   //      . experts (GroupedExperts.Config: op, num_experts, top_k, dim, hidden_dim)
   add_module_type({"MoE.Config", {}, {}});
   add_module_type({"TokenChoiceTopKRouter.Config", {}, {{"num_experts", "0"}, {"top_k", "0"}}});
-  add_module_type({"Experts.Config",
-                   {},
-                   {{"op", ""}, {"num_experts", "0"}, {"top_k", "0"}, {"dim", "0"},
-                    {"hidden_dim", "0"}}});
+  add_module_type(
+      {"Experts.Config",
+       {},
+       {{"op", ""}, {"num_experts", "0"}, {"top_k", "0"}, {"dim", "0"}, {"hidden_dim", "0"}}});
   add_module_type({"GroupedExperts.Config",
                    {"Experts.Config"},
-                   {{"op", "grouped_experts"}, {"num_experts", "0"}, {"top_k", "0"}, {"dim", "0"},
+                   {{"op", "grouped_experts"},
+                    {"num_experts", "0"},
+                    {"top_k", "0"},
+                    {"dim", "0"},
                     {"hidden_dim", "0"}}});
   add_experts_op(ops::grouped_experts_op());
   add_experts_op(ops::grouped_experts_reference_op());

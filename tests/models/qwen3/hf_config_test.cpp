@@ -61,8 +61,17 @@ TEST(HfConfig, RefusesWhatItCannotBuild) {
   j["architectures"] = {"LlamaForCausalLM"};
   EXPECT_NE(error_of(j).find("'architectures'"), std::string::npos);
   j = base();
-  j["model_type"] = "qwen3_moe";
+  j["model_type"] = "mixtral";
   EXPECT_NE(error_of(j).find("'model_type'"), std::string::npos);
+  j = base();
+  j["model_type"] = "qwen3_moe";
+  j["num_experts"] = 4;
+  j["num_experts_per_tok"] = 5;
+  EXPECT_NE(error_of(j).find("model.top_k (5) must not exceed model.num_experts (4)"),
+            std::string::npos);
+  j["num_experts_per_tok"] = 2;
+  j["mlp_only_layers"] = "1";
+  EXPECT_NE(error_of(j).find("'mlp_only_layers' must be a list"), std::string::npos);
   j = base();
   j["attention_bias"] = true;
   EXPECT_NE(error_of(j).find("'attention_bias'"), std::string::npos);

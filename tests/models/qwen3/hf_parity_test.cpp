@@ -110,9 +110,9 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
       num += (g[i] - ref[i]) * static_cast<double>(g[i] - ref[i]);
       den += static_cast<double>(ref[i]) * ref[i];
     }
-    // Floor 1e-4 on the reference norm (real gradients here have norms 1e-2 to 1): a gradient that is zero in exact arithmetic (moe_noaux's
-    // router: top-1 renormalized, the weight is always 1) is ~1e-8 rounding noise in transformers
-    // and exactly 0 here.
+    // Floor 1e-4 on the reference norm (real gradients here have norms 1e-2 to 1): a gradient that
+    // is zero in exact arithmetic (moe_noaux's router: top-1 renormalized, the weight is always 1)
+    // is ~1e-8 rounding noise in transformers and exactly 0 here.
     const double rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-4);
     EXPECT_LE(rel, 1e-3) << t.key;
     if (rel > worst_grad) {
@@ -140,7 +140,8 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
     return worst;
   };
   const double worst_adamw_e2e = adamw_diff();
-  for (const auto& t : tensors) expected.read_f32("grad." + t.key, t.shape, m.grad_data() + t.offset);
+  for (const auto& t : tensors)
+    expected.read_f32("grad." + t.key, t.shape, m.grad_data() + t.offset);
   const double worst_adamw = adamw_diff();
   EXPECT_LE(worst_adamw, 1e-6);
   std::printf(

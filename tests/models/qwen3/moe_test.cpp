@@ -3,12 +3,12 @@
 // mechanisms, and a small MoE training run (expert load in the metrics, bias in checkpoints).
 // Numerical parity with transformers' Qwen3MoeForCausalLM is in hf_parity_test.cpp.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -123,7 +123,7 @@ TEST(Router, TiesGoToTheLowerExpertAndBiasOnlySelects) {
   EXPECT_EQ(idx[0], 0);
   EXPECT_EQ(idx[1], 1);
   ops::router_fwd(z.data(), bias.data(), 1, E, K, false, p.data(), idx.data(), w.data());
-  EXPECT_EQ(idx[0], 2);  // the bias moves the selection ...
+  EXPECT_EQ(idx[0], 2);          // the bias moves the selection ...
   EXPECT_FLOAT_EQ(w[0], 0.25f);  // ... but the weight is the unbiased probability
 }
 
@@ -153,8 +153,8 @@ TEST(MoeModel, GroupedAndReferenceExpertsAgree) {
     pos[i] = static_cast<int32_t>(i % S);
   }
   Batch b{B, S, in.data(), lab.data(), pos.data()};
-  Qwen3Model g(a, B, S), r(a, B, S, 8, {},
-                           std::vector<ops::GroupedExpertsOp>(2, ops::grouped_experts_reference_op()));
+  Qwen3Model g(a, B, S),
+      r(a, B, S, 8, {}, std::vector<ops::GroupedExpertsOp>(2, ops::grouped_experts_reference_op()));
   g.init_weights(5, 0.2f);
   r.init_weights(5, 0.2f);
   const double lg = g.forward_backward(b, 1.0f / (B * S)).sum;

@@ -24,8 +24,8 @@ Qwen3Args make(int64_t vocab, int64_t dim, int64_t layers, int64_t heads, int64_
 
 // torchtitan's MoE flavors: every layer sparse, softmax router with route_norm, untied.
 Qwen3Args make_moe(int64_t vocab, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
-                   int64_t hidden, int64_t moe_hidden, int64_t experts, int64_t top_k,
-                   double theta, int64_t max_ctx) {
+                   int64_t hidden, int64_t moe_hidden, int64_t experts, int64_t top_k, double theta,
+                   int64_t max_ctx) {
   Qwen3Args a = make(vocab, dim, layers, heads, kv, hidden, max_ctx, false);
   a.rope_theta = theta;
   a.num_experts = experts;
@@ -57,9 +57,9 @@ const std::map<std::string, Qwen3Args>& table() {
 }  // namespace
 
 const std::vector<std::string>& flavor_names() {
-  static const std::vector<std::string> n = {
-      "debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "debugmodel_moe", "30B-A3B",
-      "235B-A22B"};
+  static const std::vector<std::string> n = {"debugmodel", "0.6B",     "1.7B", "4B",
+                                             "8B",         "14B",      "32B",  "debugmodel_moe",
+                                             "30B-A3B",    "235B-A22B"};
   return n;
 }
 

@@ -25,9 +25,9 @@ struct Qwen3Args {
 
   // ---- MoE (num_experts == 0: dense)
   int64_t num_experts = 0;
-  int64_t top_k = 0;               // experts per token (num_experts_per_tok)
-  int64_t moe_hidden_dim = 0;      // expert SwiGLU inner size (moe_intermediate_size)
-  bool norm_topk_prob = true;      // renormalize the top-k weights (torchtitan route_norm)
+  int64_t top_k = 0;           // experts per token (num_experts_per_tok)
+  int64_t moe_hidden_dim = 0;  // expert SwiGLU inner size (moe_intermediate_size)
+  bool norm_topk_prob = true;  // renormalize the top-k weights (torchtitan route_norm)
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   // Transformers' auxiliary load-balancing loss (output_router_logits): loss += coef · aux.

@@ -119,7 +119,8 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
     }
     a.router_aux_loss = get_bool("output_router_logits", false);
     if (cfg.contains("router_aux_loss_coef") && !cfg["router_aux_loss_coef"].is_null()) {
-      if (!cfg["router_aux_loss_coef"].is_number()) fail("router_aux_loss_coef", "must be a number");
+      if (!cfg["router_aux_loss_coef"].is_number())
+        fail("router_aux_loss_coef", "must be a number");
       a.router_aux_loss_coef = cfg["router_aux_loss_coef"].get<double>();
     }
     // Hugging Face checkpoints carry no expert bias: aux-loss-free balancing stays off unless

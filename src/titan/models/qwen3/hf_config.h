@@ -12,8 +12,9 @@ namespace titan::qwen3 {
 // head_dim present or absent (then hidden/heads), num_key_value_heads absent (then heads),
 // torch_dtype or dtype; for qwen3_moe num_experts (or num_local_experts), num_experts_per_tok,
 // moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
-// output_router_logits, router_aux_loss_coef. Refuses, naming the field, another architecture or model_type,
-// attention_bias, a sliding window switched on, a RoPE scaling type, an activation other than silu.
+// output_router_logits, router_aux_loss_coef. Refuses, naming the field, another architecture or
+// model_type, attention_bias, a sliding window switched on, a RoPE scaling type, an activation
+// other than silu.
 Qwen3Args args_from_hf_config(const std::string& dir);
 Qwen3Args args_from_hf_json(const nlohmann::json& cfg, const std::string& where);
 

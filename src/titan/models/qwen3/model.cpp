@@ -107,7 +107,8 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   const int64_t n_moe = static_cast<int64_t>(load_.size());
   const ops::ExpertsShape es{T, D, Fm, E, K};
   if (n_moe > 0) {
-    if (experts_ops_.empty()) experts_ops_.assign(static_cast<size_t>(L), ops::grouped_experts_op());
+    if (experts_ops_.empty())
+      experts_ops_.assign(static_cast<size_t>(L), ops::grouped_experts_op());
     check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
     expert_bias_.resize(n_moe * E);
     aux_dp_.assign(static_cast<size_t>(E), 0.0f);
@@ -119,8 +120,8 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, QKV = a_.qkv_dim(), Q = a_.q_dim(),
                 KV = a_.kv_dim();
   auto layer_floats = [&](int64_t l) {
-    int64_t n = 4 * T * D + 3 * T + T * QKV + T * Q + T * KV + T * Hq + T * Hkv + T * Q + T * Hq +
-                16 * 16;
+    int64_t n =
+        4 * T * D + 3 * T + T * QKV + T * Q + T * KV + T * Hq + T * Hkv + T * Q + T * Hq + 16 * 16;
     if (a_.moe_layer(l)) return n + T * E + T * K + experts_ops_[l].saved_floats(es) + 16 * 4;
     return n + 2 * T * F + T * F;
   };
@@ -387,8 +388,8 @@ void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn)
   eg.dw3 = G + w.ew3;
   eg.dw2 = G + w.ew2;
   guarded("Experts", op.name, false, l, [&] { op.backward(ea, eg); });
-  ops::router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr,
-                  T, E, K, a_.norm_topk_prob, dlogits_);
+  ops::router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
+                  E, K, a_.norm_topk_prob, dlogits_);
   ops::linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, G + w.gate, T, D, E,
                   /*dx_accumulate=*/true);
 }
@@ -438,8 +439,8 @@ void Qwen3Model::finish_step() {
       float dmean = 0;
       for (int64_t e = 0; e < E; ++e) {
         const double diff = mean - c[static_cast<size_t>(e)];
-        delta[static_cast<size_t>(e)] = static_cast<float>(a_.load_balance_coeff) *
-                                        static_cast<float>((diff > 0) - (diff < 0));
+        delta[static_cast<size_t>(e)] =
+            static_cast<float>(a_.load_balance_coeff) * static_cast<float>((diff > 0) - (diff < 0));
         dmean += delta[static_cast<size_t>(e)];
       }
       dmean /= static_cast<float>(E);

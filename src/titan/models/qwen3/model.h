@@ -112,7 +112,7 @@ class Qwen3Model {
   struct Layer {
     int64_t attention_norm, wqkv, q_norm, k_norm, wo, ffn_norm;  // parameter offsets
     int64_t w13 = 0, w2 = 0;                                     // dense feed-forward
-    int64_t moe = -1;  // index among MoE layers, -1 for a dense layer
+    int64_t moe = -1;                             // index among MoE layers, -1 for a dense layer
     int64_t gate = 0, ew1 = 0, ew3 = 0, ew2 = 0;  // router and experts
   };
   struct Saved {  // activations of one layer kept for the backward
@@ -137,18 +137,18 @@ class Qwen3Model {
   std::vector<Layer> layers_;
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;
 
-  Buffer<float> rope_;                 // [max_seq, head_dim] cos|sin
-  std::vector<ops::RopeOp> rope_ops_;  // per layer
+  Buffer<float> rope_;                              // [max_seq, head_dim] cos|sin
+  std::vector<ops::RopeOp> rope_ops_;               // per layer
   std::vector<ops::GroupedExpertsOp> experts_ops_;  // per layer (MoE layers)
   Buffer<float> expert_bias_;                       // [n_moe, E]
   std::vector<std::vector<double>> load_;           // [n_moe][E]
   double aux_loss_ = 0;
-  std::vector<float> aux_dp_;      // [E] the aux loss gradient w.r.t. every p[t,e]
-  Buffer<int32_t> idx_store_;      // routing indices, all MoE layers, + aux top-k scratch
-  int32_t* aux_idx_ = nullptr;     // [T, K]
+  std::vector<float> aux_dp_;   // [E] the aux loss gradient w.r.t. every p[t,e]
+  Buffer<int32_t> idx_store_;   // routing indices, all MoE layers, + aux top-k scratch
+  int32_t* aux_idx_ = nullptr;  // [T, K]
   float *dw_route_ = nullptr, *dlogits_ = nullptr, *experts_scratch_ = nullptr;
-  Arena acts_;                         // saved activations, all layers
-  std::vector<Saved> saved_;           // per layer views into acts_
+  Arena acts_;                // saved activations, all layers
+  std::vector<Saved> saved_;  // per layer views into acts_
   float *h_final_, *xf_, *rstd_f_;
   Arena work_;  // temporaries reused by every layer
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,

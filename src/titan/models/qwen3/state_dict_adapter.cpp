@@ -82,11 +82,11 @@ std::vector<HfTensor> hf_tensors(const Qwen3Model& model) {
         if (w != t) continue;
         const int64_t E = p.shape[0], per = p.numel / E;
         for (int64_t e = 0; e < E; ++e)
-          out.push_back({"model.layers." + idx + ".mlp.experts." + std::to_string(e) + "." + h +
-                             ".weight",
-                         {p.shape[1], p.shape[2]},
-                         p.offset + e * per,
-                         p.fqn});
+          out.push_back(
+              {"model.layers." + idx + ".mlp.experts." + std::to_string(e) + "." + h + ".weight",
+               {p.shape[1], p.shape[2]},
+               p.offset + e * per,
+               p.fqn});
       }
       continue;
     }

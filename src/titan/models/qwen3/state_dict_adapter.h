@@ -33,8 +33,9 @@ std::string from_hf_key(const std::string& key);
 
 // Copies every parameter of `model` from an HF safetensors set (any of F32/BF16/F16 on disk).
 // A tied model accepts lm_head.weight present or absent; MoE experts are read per expert or
-// from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]). Missing, unexpected and mis-shaped keys
-// are all reported at once in one titan::Error naming `where`.
+// from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]).
+// Missing, unexpected and mis-shaped keys are all reported at once in one titan::Error naming
+// `where`.
 void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const std::string& where);
 
 }  // namespace titan::qwen3
