@@ -13,19 +13,6 @@
 namespace titan::ops {
 namespace {
 
-// Σ x[i]·y[i] with 16 independent float lanes (vectorizes without reassociation flags; the
-// summation order is fixed, so results do not depend on threads).
-TITAN_CLONES float dot16(const float* x, const float* y, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += x[i + j] * y[i + j];
-  float s = 0.f;
-  for (; i < n; ++i) s += x[i] * y[i];
-  for (int j = 0; j < 16; ++j) s += acc[j];
-  return s;
-}
-
 TITAN_CLONES void norm_row_fwd(const float* x, const float* w, float* y, int64_t n, float r) {
   for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
 }

@@ -60,17 +60,6 @@ TITAN_CLONES void row_axpy(float* y, const float* x, float a, int64_t n) {
 TITAN_CLONES void row_add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
-// Σ x[i]·y[i] with 16 float lanes in a fixed order (vectorizes without reassociation flags).
-TITAN_CLONES float row_dot(const float* x, const float* y, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += x[i + j] * y[i + j];
-  float s = 0.f;
-  for (; i < n; ++i) s += x[i] * y[i];
-  for (int j = 0; j < 16; ++j) s += acc[j];
-  return s;
-}
 
 void check_shape(const ExpertsShape& s) {
   check(s.T >= 0 && s.D > 0 && s.F > 0 && s.E > 0 && s.K > 0,
@@ -200,7 +189,7 @@ void grouped_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
     for (int64_t j = 0; j < K; ++j) {
       const int64_t p = sv.pos[t * K + j];
       const float wt = a.w[t * K + j];
-      gr.dw[t * K + j] = row_dot(dg + p * F, g + p * F, F);
+      gr.dw[t * K + j] = dot16(dg + p * F, g + p * F, F);
       row_scale_inplace(dg + p * F, wt, F);
       row_scale_inplace(g + p * F, wt, F);
     }
