@@ -94,7 +94,20 @@ std::string resolved_model(const titan::config::JobConfig& cfg) {
                 static_cast<long long>(a.hidden_dim), a.rope_theta,
                 static_cast<long long>(a.max_seq_len), a.tie_embeddings ? "true" : "false",
                 a.attn_mask_type.c_str());
-  return buf;
+  std::string out = buf;
+  if (a.is_moe()) {
+    std::snprintf(buf, sizeof buf,
+                  "# num_experts=%lld top_k=%lld moe_hidden_dim=%lld moe_layers=%lld "
+                  "norm_topk_prob=%s router_aux_loss=%s router_aux_loss_coef=%g "
+                  "load_balance_coeff=%g\n",
+                  static_cast<long long>(a.num_experts), static_cast<long long>(a.top_k),
+                  static_cast<long long>(a.moe_hidden_dim),
+                  static_cast<long long>(a.n_moe_layers()), a.norm_topk_prob ? "true" : "false",
+                  a.router_aux_loss ? "true" : "false", a.router_aux_loss_coef,
+                  a.load_balance_coeff);
+    out += buf;
+  }
+  return out;
 }
 
 // titan tokenize: the ids of --text, or --input documents to a pre-tokenized shard.
