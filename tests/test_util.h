@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "titan/config/job_config.h"
+#include "titan/core/error.h"
 
 namespace titan::testing {
 
@@ -49,6 +51,26 @@ inline std::string fresh_temp_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d.string();
+}
+
+// The message of the titan::Error that f throws ("" when it does not throw).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// 40 short training documents of varied length (the trainer and validator tests' corpus).
+inline std::vector<std::string> fox_docs() {
+  std::vector<std::string> d;
+  for (int i = 0; i < 40; ++i)
+    d.push_back("document " + std::to_string(i) + ": the quick brown fox " +
+                std::string(static_cast<size_t>(i % 9), 'z') + " jumps over the lazy dog.");
+  return d;
 }
 
 }  // namespace titan::testing

@@ -13,6 +13,8 @@
 namespace titan::data {
 namespace {
 
+using titan::testing::error_of;
+
 std::string write(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string p = dir + "/" + name;
   std::ofstream(p, std::ios::binary) << text;
@@ -24,17 +26,6 @@ SourceOptions opts(const std::string& dataset, const std::string& path) {
   o.dataset = dataset;
   o.path = path;
   return o;
-}
-
-// The message of the titan::Error that f throws ("" when it does not throw).
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(JsonLines, ReadsTheFieldAndSkipsEmptyDocuments) {

@@ -16,15 +16,7 @@
 namespace titan::data {
 namespace {
 
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using titan::testing::error_of;
 
 std::string read_bytes(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

@@ -14,13 +14,7 @@
 namespace titan::train {
 namespace {
 
-std::vector<std::string> docs() {
-  std::vector<std::string> d;
-  for (int i = 0; i < 40; ++i)
-    d.push_back("document " + std::to_string(i) + ": the quick brown fox " +
-                std::string(static_cast<size_t>(i % 9), 'z') + " jumps over the lazy dog.");
-  return d;
-}
+std::vector<std::string> docs() { return titan::testing::fox_docs(); }
 
 config::JobConfig small() {
   config::JobConfig c = titan::testing::tiny_model_job();

@@ -18,13 +18,9 @@
 namespace titan::train {
 namespace {
 
-std::vector<std::string> docs() {
-  std::vector<std::string> d;
-  for (int i = 0; i < 40; ++i)
-    d.push_back("document " + std::to_string(i) + ": the quick brown fox " +
-                std::string(static_cast<size_t>(i % 9), 'z') + " jumps over the lazy dog.");
-  return d;
-}
+using titan::testing::error_of;
+
+std::vector<std::string> docs() { return titan::testing::fox_docs(); }
 
 // A validation corpus of `lines` text lines.
 std::string validation_file(const std::string& name, int lines) {
@@ -43,16 +39,6 @@ config::JobConfig small() {
   c.optimizer.lr = 3e-3;
   c.debug.seed = 7;
   return c;
-}
-
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Validator, LossIsTheTokenMeanOverTheWholeSet) {

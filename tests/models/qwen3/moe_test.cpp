@@ -3,7 +3,6 @@
 // mechanisms, and a small MoE training run (expert load in the metrics, bias in checkpoints).
 // Numerical parity with transformers' Qwen3MoeForCausalLM is in hf_parity_test.cpp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -243,10 +242,7 @@ config::JobConfig tiny_moe_job(const std::string& dump) {
 }
 
 TEST(MoeTraining, LossFallsAndTheMetricsCarryExpertLoad) {
-  const std::string dump =
-      (std::filesystem::temp_directory_path() / ("titan_moe_" + std::to_string(::getpid())))
-          .string();
-  std::filesystem::remove_all(dump);
+  const std::string dump = titan::testing::fresh_temp_dir("moe");
   config::JobConfig c = tiny_moe_job(dump);
   c.training.steps = 6;
   train::Trainer t(c, docs());
@@ -262,10 +258,7 @@ TEST(MoeTraining, LossFallsAndTheMetricsCarryExpertLoad) {
 }
 
 TEST(MoeTraining, ResumeRestoresTheExpertBiasBitwise) {
-  const std::string dump =
-      (std::filesystem::temp_directory_path() / ("titan_moe_ck_" + std::to_string(::getpid())))
-          .string();
-  std::filesystem::remove_all(dump);
+  const std::string dump = titan::testing::fresh_temp_dir("moe_ck");
   config::JobConfig c = tiny_moe_job(dump);
   c.metrics.enable_jsonl = false;
   c.checkpoint.enable = true;
