@@ -79,7 +79,7 @@ extern "C" void titan_plugin_register(titan::plugin::Host* host) {
                          std::to_string(kSeqMultiple) + ", got " + std::to_string(seq_len) +
                          "; pick a multiple or drop the override");
   };
-  host->add_rope_op(op);
+  host->add_op(op);
 
   host->add_module_type({"LayoutRoPE.Config",
                          {"RoPE.Config"},

@@ -18,7 +18,7 @@ extern "C" void titan_plugin_register(titan::plugin::Host* host) {
   op.forward = [](float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*,
                   const float*) { throw std::runtime_error("throwing_rope: device fault"); };
   op.backward = op.forward;
-  host->add_rope_op(op);
+  host->add_op(op);
   host->add_module_type({"ThrowingRoPE.Config", {"RoPE.Config"}, {{"op", "throwing_rope"}}});
   titan::plugin::Override ov;
   ov.name = "throwing_rope";

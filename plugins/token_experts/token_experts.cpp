@@ -129,7 +129,7 @@ extern "C" void titan_plugin_register(titan::plugin::Host* host) {
   op.scratch_floats = [](const ExpertsShape& s) { return s.T * s.K * 2 * s.F; };
   op.forward = forward;
   op.backward = backward;
-  host->add_experts_op(op);
+  host->add_op(op);
 
   host->add_module_type({"TokenExperts.Config",
                          {"Experts.Config"},

@@ -6,7 +6,7 @@
 
 #include "test_util.h"
 #include "titan/core/error.h"
-#include "titan/models/qwen3/module_tree.h"
+#include "titan/models/qwen3/modules.h"
 #include "titan/train/check_kernel.h"
 #include "titan/train/trainer.h"
 
@@ -251,12 +251,14 @@ TEST(OpRegistry, OpsAreKeyedByNameDeviceAndDtype) {
   cuda.name = "grouped_experts";
   cuda.device = "cuda";
   cuda.dtype = "bfloat16";
-  Registry::global().add_experts_op(cuda);
-  EXPECT_EQ(Registry::global().experts_op("grouped_experts", "cuda", "bfloat16").device, "cuda");
-  EXPECT_EQ(Registry::global().experts_op("grouped_experts").device, "cpu");
-  EXPECT_THROW(Registry::global().add_experts_op(cuda), Error);  // same key twice
+  Registry::global().add_op(cuda);
+  EXPECT_EQ(
+      Registry::global().op<ops::GroupedExpertsOp>("grouped_experts", "cuda", "bfloat16").device,
+      "cuda");
+  EXPECT_EQ(Registry::global().op<ops::GroupedExpertsOp>("grouped_experts").device, "cpu");
+  EXPECT_THROW(Registry::global().add_op(cuda), Error);  // same key twice
   try {
-    Registry::global().rope_op("cos_sin_rope", "cuda", "float32");
+    Registry::global().op<ops::RopeOp>("cos_sin_rope", "cuda", "float32");
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("for cuda/float32; it exists for cpu/float32"),

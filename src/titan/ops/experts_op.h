@@ -48,6 +48,7 @@ struct ExpertsGrads {
 };
 
 struct GroupedExpertsOp {
+  static constexpr const char* kKind = "experts";  // the op table's kind (plugin/registry.h)
   std::string name;
   std::string device = "cpu";
   std::string dtype = "float32";

@@ -15,6 +15,7 @@
 namespace titan::ops {
 
 struct RopeOp {
+  static constexpr const char* kKind = "RoPE";  // the op table's kind (plugin/registry.h)
   std::string name;
   std::string device = "cpu";
   std::string dtype = "float32";

@@ -5,7 +5,11 @@
 // and registers config functions, module config types, ops and overrides through Host. Plugins
 // are built with the same compiler and standard library as titan (the interface passes C++
 // types); the version number changes whenever this header changes incompatibly.
-// Header-only: a plugin links nothing from titan.
+// Header-only: a plugin links nothing from titan. It depends on core/, ops/ (the op structs) and
+// config/ (JobConfig, the module tree) only, never on a model's headers.
+//
+// Version history: 2 one table per op kind (add_rope_op, add_experts_op); 3 one generic op table
+// keyed by (kind, name, device, dtype): add_op(op) for any op struct with a kKind.
 #pragma once
 #include <functional>
 #include <memory>
@@ -17,7 +21,7 @@
 #include "titan/ops/experts_op.h"
 #include "titan/ops/rope_op.h"
 
-#define TITAN_PLUGIN_API_VERSION 2
+#define TITAN_PLUGIN_API_VERSION 3
 
 namespace titan::plugin {
 
@@ -34,15 +38,27 @@ struct Override {
   std::string origin;  // the library that registered it (set by titan)
 };
 
+// One entry of the op table: an op struct (RopeOp, GroupedExpertsOp, ...) of kind `kind`,
+// type-erased. `complete`: it has a name, a forward and a backward.
+struct OpEntry {
+  std::string kind, name, device, dtype;
+  bool complete = false;
+  std::shared_ptr<const void> op;  // points to the op struct of `kind`
+};
+
 class Host {
  public:
   virtual ~Host() = default;
   virtual void add_config(const std::string& name, std::function<config::JobConfig()> fn) = 0;
   virtual void add_module_type(const config::ModuleType& type) = 0;
-  // Ops: a forward/backward pair under (op.name, op.device, op.dtype). A module config node
-  // names its op in its "op" field; the model looks it up for its device and dtype.
-  virtual void add_rope_op(const ops::RopeOp& op) = 0;
-  virtual void add_experts_op(const ops::GroupedExpertsOp& op) = 0;
+  // Ops: a forward/backward pair under (Op::kKind, op.name, op.device, op.dtype). A module config
+  // node names its op in its "op" field; the model looks it up for its device and dtype.
+  template <typename Op>
+  void add_op(const Op& op) {
+    add_op_entry({Op::kKind, op.name, op.device, op.dtype,
+                  !op.name.empty() && op.forward && op.backward, std::make_shared<const Op>(op)});
+  }
+  virtual void add_op_entry(const OpEntry& e) = 0;
   virtual void add_override(const Override& o) = 0;
   // A registered module type, for derive(); throws titan::Error when unknown.
   virtual const config::ModuleType& module_type(const std::string& name) const = 0;

@@ -5,91 +5,39 @@
 
 #include "titan/core/error.h"
 #include "titan/core/log.h"
-#include "titan/ops/elementwise.h"
 
 namespace titan::plugin {
 
-template <typename Op>
-void OpTable<Op>::add(const Op& op, const std::string& kind, const std::string& origin) {
-  check(!op.name.empty() && op.forward && op.backward,
-        "plugin '" + origin + "' registered a " + kind + " op without a name, forward or backward");
-  Key k{op.name, op.device, op.dtype};
-  check(!ops_.count(k), kind + " op '" + op.name + "' for " + op.device + "/" + op.dtype +
+void OpTable::add(const OpEntry& e, const std::string& origin) {
+  check(e.complete && e.op, "plugin '" + origin + "' registered a " + e.kind +
+                                " op without a name, forward or backward");
+  Key k{e.kind, e.name, e.device, e.dtype};
+  check(!ops_.count(k), e.kind + " op '" + e.name + "' for " + e.device + "/" + e.dtype +
                             " is already registered; plugin '" + origin +
                             "' must pick another name");
-  ops_[k] = op;
+  ops_[k] = e.op;
 }
 
-template <typename Op>
-const Op& OpTable<Op>::get(const std::string& kind, const std::string& name,
-                           const std::string& device, const std::string& dtype) const {
-  auto it = ops_.find(Key{name, device, dtype});
-  if (it != ops_.end()) return it->second;
+const void* OpTable::get(const std::string& kind, const std::string& name,
+                         const std::string& device, const std::string& dtype) const {
+  auto it = ops_.find(Key{kind, name, device, dtype});
+  if (it != ops_.end()) return it->second.get();
   std::string have;
   for (const auto& [k, op] : ops_)
-    if (std::get<0>(k) == name)
-      have += (have.empty() ? "" : ", ") + std::get<1>(k) + "/" + std::get<2>(k);
+    if (std::get<0>(k) == kind && std::get<1>(k) == name)
+      have += (have.empty() ? "" : ", ") + std::get<2>(k) + "/" + std::get<3>(k);
   throw Error("no " + kind + " op named '" + name + "' is registered for " + device + "/" + dtype +
               (have.empty() ? " (load its plugin with --override.imports or --module)"
                             : "; it exists for " + have));
 }
 
-template <typename Op>
-std::vector<typename OpTable<Op>::Key> OpTable<Op>::keys() const {
-  std::vector<Key> k;
-  for (const auto& [key, op] : ops_) k.push_back(key);
-  return k;
-}
-
-template class OpTable<ops::RopeOp>;
-template class OpTable<ops::GroupedExpertsOp>;
-
-Registry& Registry::global() {
-  static Registry r;
-  return r;
-}
-
-Registry::Registry() { add_builtins(); }
-
-void Registry::add_builtins() {
-  origin_ = "titan";
-  add_module_type({"Qwen3Model.Config", {}, {}});
-  add_module_type({"ModuleList", {}, {}});
-  add_module_type({"TransformerBlock.Config", {}, {}});
-  add_module_type({"Attention.Config", {}, {}});
-  add_module_type({"FeedForward.Config", {}, {}});
-  add_module_type({"RoPE.Config", {}, {{"op", ""}, {"theta", "1000000"}, {"max_seq_len", "0"}}});
-  add_module_type({"CosSinRoPE.Config",
-                   {"RoPE.Config"},
-                   {{"op", "cos_sin_rope"}, {"theta", "1000000"}, {"max_seq_len", "0"}}});
-  add_rope_op(ops::cos_sin_rope_op());
-  // MoE: model.layers.N.moe (MoE.Config) . router (TokenChoiceTopKRouter.Config),
-  //      . experts (GroupedExperts.Config: op, num_experts, top_k, dim, hidden_dim)
-  add_module_type({"MoE.Config", {}, {}});
-  add_module_type({"TokenChoiceTopKRouter.Config", {}, {{"num_experts", "0"}, {"top_k", "0"}}});
-  add_module_type(
-      {"Experts.Config",
-       {},
-       {{"op", ""}, {"num_experts", "0"}, {"top_k", "0"}, {"dim", "0"}, {"hidden_dim", "0"}}});
-  add_module_type({"GroupedExperts.Config",
-                   {"Experts.Config"},
-                   {{"op", "grouped_experts"},
-                    {"num_experts", "0"},
-                    {"top_k", "0"},
-                    {"dim", "0"},
-                    {"hidden_dim", "0"}}});
-  add_experts_op(ops::grouped_experts_op());
-  add_experts_op(ops::grouped_experts_reference_op());
-}
-
 void Registry::reset() {
   types_.clear();
-  ropes_.clear();
-  experts_.clear();
+  ops_.clear();
   overrides_.clear();
   loaded_.clear();
   config_origins_.clear();
-  add_builtins();
+  register_builtins(*this);
 }
 
 void Registry::add_config(const std::string& name, std::function<config::JobConfig()> fn) {
@@ -113,11 +61,7 @@ void Registry::add_module_type(const config::ModuleType& type) {
   types_[type.name] = type;
 }
 
-void Registry::add_rope_op(const ops::RopeOp& op) { ropes_.add(op, "RoPE", origin_); }
-
-void Registry::add_experts_op(const ops::GroupedExpertsOp& op) {
-  experts_.add(op, "experts", origin_);
-}
+void Registry::add_op_entry(const OpEntry& e) { ops_.add(e, origin_); }
 
 void Registry::add_override(const Override& o) {
   for (const auto& e : overrides_)
@@ -139,17 +83,6 @@ const config::ModuleType& Registry::module_type(const std::string& name) const {
   auto it = types_.find(name);
   check(it != types_.end(), "unknown module config type '" + name + "'");
   return it->second;
-}
-
-const ops::RopeOp& Registry::rope_op(const std::string& name, const std::string& device,
-                                     const std::string& dtype) const {
-  return ropes_.get("RoPE", name, device, dtype);
-}
-
-const ops::GroupedExpertsOp& Registry::experts_op(const std::string& name,
-                                                  const std::string& device,
-                                                  const std::string& dtype) const {
-  return experts_.get("experts", name, device, dtype);
 }
 
 std::string Registry::load(const std::string& lib) {

@@ -1,8 +1,7 @@
-// The process-wide registry behind the plugin Host interface: module config types, ops (RoPE and
-// grouped experts, each keyed by name, device and dtype), config functions and overrides,
-// built-ins included; the plugin loader; and applying overrides
-// to a module tree with torchtitan's claim/conflict rules, messages and log lines
-// (torchtitan.md §2.1–§2.2).
+// The process-wide registry behind the plugin Host interface: module config types, ops (one table
+// keyed by kind, name, device and dtype), config functions and overrides, built-ins included; the
+// plugin loader; and applying overrides to a module tree with torchtitan's claim/conflict rules,
+// messages and log lines (torchtitan.md §2.1–§2.2).
 #pragma once
 #include <map>
 #include <set>
@@ -14,22 +13,23 @@
 
 namespace titan::plugin {
 
-// Ops of one kind keyed by (name, device, dtype).
-template <typename Op>
+// The op table: every op struct keyed by (kind, name, device, dtype).
 class OpTable {
  public:
-  using Key = std::tuple<std::string, std::string, std::string>;
-  // Throws titan::Error for a missing name/forward/backward or a key registered twice.
-  void add(const Op& op, const std::string& kind, const std::string& origin);
-  // Throws titan::Error naming what is registered under `name` when the key is absent.
-  const Op& get(const std::string& kind, const std::string& name, const std::string& device,
-                const std::string& dtype) const;
-  std::vector<Key> keys() const;
+  using Key = std::tuple<std::string, std::string, std::string, std::string>;
+  // Throws titan::Error for an incomplete op or a key registered twice.
+  void add(const OpEntry& e, const std::string& origin);
+  // Throws titan::Error naming what is registered under (kind, name) when the key is absent.
+  const void* get(const std::string& kind, const std::string& name, const std::string& device,
+                  const std::string& dtype) const;
   void clear() { ops_.clear(); }
 
  private:
-  std::map<Key, Op> ops_;
+  std::map<Key, std::shared_ptr<const void>> ops_;
 };
+
+class Registry;
+void register_builtins(Registry& reg);
 
 class Registry : public Host {
  public:
@@ -37,18 +37,17 @@ class Registry : public Host {
 
   void add_config(const std::string& name, std::function<config::JobConfig()> fn) override;
   void add_module_type(const config::ModuleType& type) override;
-  void add_rope_op(const ops::RopeOp& op) override;
-  void add_experts_op(const ops::GroupedExpertsOp& op) override;
+  void add_op_entry(const OpEntry& e) override;
   void add_override(const Override& o) override;
   const config::ModuleType& module_type(const std::string& name) const override;
 
-  const ops::RopeOp& rope_op(const std::string& name, const std::string& device = "cpu",
-                             const std::string& dtype = "float32") const;
-  const ops::GroupedExpertsOp& experts_op(const std::string& name,
-                                          const std::string& device = "cpu",
-                                          const std::string& dtype = "float32") const;
-  const OpTable<ops::RopeOp>& rope_ops() const { return ropes_; }
-  const OpTable<ops::GroupedExpertsOp>& experts_ops() const { return experts_; }
+  // The op of type Op (its kind) under (name, device, dtype).
+  template <typename Op>
+  const Op& op(const std::string& name, const std::string& device = "cpu",
+               const std::string& dtype = "float32") const {
+    return *static_cast<const Op*>(ops_.get(Op::kKind, name, device, dtype));
+  }
+  const OpTable& ops() const { return ops_; }
   const std::vector<Override>& overrides() const { return overrides_; }
 
   // dlopen()s a plugin (a path, or a name tried as-is and as lib<name>.so), checks its API
@@ -60,13 +59,14 @@ class Registry : public Host {
 
   // Forgets everything but the built-ins (tests).
   void reset();
+  // Registers everything titan has built in (module types, ops): src/titan/builtins.cpp, the
+  // one place that knows every model and backend.
+  friend void register_builtins(Registry& reg);
 
  private:
-  Registry();
-  void add_builtins();
+  Registry() = default;
   std::map<std::string, config::ModuleType> types_;
-  OpTable<ops::RopeOp> ropes_;
-  OpTable<ops::GroupedExpertsOp> experts_;
+  OpTable ops_;
   std::vector<Override> overrides_;
   std::set<std::string> loaded_;
   std::map<std::string, std::string> config_origins_;  // plugin config functions -> library

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "titan/core/log.h"
-#include "titan/models/qwen3/module_tree.h"
+#include "titan/models/qwen3/modules.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/router.h"
@@ -201,7 +201,7 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   if (a.is_moe()) {
     const auto experts = qwen3::experts_plan(*tree, a, cfg.training.local_batch_size * S);
     const ops::GroupedExpertsOp ref =
-        plugin::Registry::global().experts_op("grouped_experts_reference");
+        plugin::Registry::global().op<ops::GroupedExpertsOp>("grouped_experts_reference");
     std::vector<std::string> done;
     for (const auto& op : experts) {
       if (!op.forward || std::find(done.begin(), done.end(), op.name) != done.end()) continue;

@@ -8,7 +8,7 @@
 #include "titan/core/error.h"
 #include "titan/core/log.h"
 #include "titan/data/dataset.h"
-#include "titan/models/qwen3/module_tree.h"
+#include "titan/models/qwen3/modules.h"
 #include "titan/ops/gemm.h"
 #include "titan/plugin/registry.h"
 

@@ -1,4 +1,5 @@
-// The Qwen3 model's module config tree (what overrides rewrite) and the ops it resolves to:
+// The Qwen3 model's module config tree (what overrides rewrite) and the ops it resolves to (the
+// tree's node types: models/module_types.h, plus the root Qwen3Model.Config registered here):
 //   model (Qwen3Model.Config)
 //     layers (ModuleList) . {i} (TransformerBlock.Config)
 //       attention (Attention.Config) . rope (CosSinRoPE.Config: op, theta, max_seq_len)
@@ -17,6 +18,8 @@
 #include "titan/plugin/registry.h"
 
 namespace titan::qwen3 {
+
+void register_module_types(plugin::Host& host);
 
 std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_t seq_len);
 

@@ -1,4 +1,4 @@
-#include "titan/models/qwen3/module_tree.h"
+#include "titan/models/qwen3/modules.h"
 
 #include <set>
 #include <sstream>
@@ -6,6 +6,10 @@
 #include "titan/core/error.h"
 
 namespace titan::qwen3 {
+
+void register_module_types(plugin::Host& host) {
+  host.add_module_type({"Qwen3Model.Config", {}, {}});
+}
 
 std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_t seq_len) {
   auto node = [](const std::string& type) {
@@ -61,7 +65,7 @@ std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a,
     auto op = n->fields.find("op");
     check(op != n->fields.end() && !op->second.empty(),
           "model." + path + " (" + n->type + ") names no op");
-    plan.push_back(reg.rope_op(op->second));
+    plan.push_back(reg.op<ops::RopeOp>(op->second));
     if (plan.back().check && checked.insert(op->second).second) plan.back().check(seq_len);
   }
   return plan;
@@ -82,7 +86,7 @@ std::vector<ops::GroupedExpertsOp> experts_plan(config::ModuleNode& root, const 
     auto op = n->fields.find("op");
     check(op != n->fields.end() && !op->second.empty(),
           "model." + path + " (" + n->type + ") names no op");
-    plan.back() = reg.experts_op(op->second);
+    plan.back() = reg.op<ops::GroupedExpertsOp>(op->second);
     if (plan.back().check && checked.insert(op->second).second) plan.back().check(shape);
   }
   return plan;

@@ -1,0 +1,27 @@
+// The one place that registers everything titan has built in: module config types of every
+// model, and the ops of every backend. Adding a model or a backend adds one line here.
+#include "titan/models/module_types.h"
+#include "titan/models/qwen3/modules.h"
+#include "titan/ops/elementwise.h"
+#include "titan/ops/experts_op.h"
+#include "titan/plugin/registry.h"
+
+namespace titan::plugin {
+
+void register_builtins(Registry& reg) {
+  reg.origin_ = "titan";
+  models::register_decoder_module_types(reg);
+  qwen3::register_module_types(reg);
+  reg.add_op(ops::cos_sin_rope_op());
+  reg.add_op(ops::grouped_experts_op());
+  reg.add_op(ops::grouped_experts_reference_op());
+}
+
+Registry& Registry::global() {
+  static Registry r;
+  static const bool registered = (register_builtins(r), true);
+  (void)registered;
+  return r;
+}
+
+}  // namespace titan::plugin
