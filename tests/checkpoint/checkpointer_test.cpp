@@ -12,6 +12,7 @@
 #include "test_util.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
+#include "titan/models/qwen3/model.h"
 #include "titan/train/trainer.h"
 
 namespace titan::ckpt {
@@ -117,10 +118,11 @@ TEST_P(HfRoundTrip, TrainExportImport) {
   ASSERT_TRUE(fs::exists(out + "/config.json"));
   ASSERT_TRUE(fs::exists(out + "/generation_config.json"));
   SafetensorsSet exported = SafetensorsSet::open(out);
-  if (t.model().args().tie_embeddings) {
+  const auto& args = dynamic_cast<qwen3::Qwen3Model&>(t.model()).args();
+  if (args.tie_embeddings) {
     EXPECT_EQ(exported.find("lm_head.weight"), nullptr);
   }
-  qwen3::Qwen3Model back(t.model().args(), 1, 16);
+  qwen3::Qwen3Model back(args, 1, 16);
   load_model_weights(back, out, true);
   EXPECT_EQ(0, std::memcmp(back.param_data(), t.model().param_data(),
                            static_cast<size_t>(back.num_params()) * sizeof(float)));

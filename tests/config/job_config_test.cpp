@@ -8,6 +8,7 @@
 
 #include "titan/config/builtin_configs.h"
 #include "titan/core/error.h"
+#include "titan/models/qwen3/spec.h"
 
 namespace titan::config {
 namespace {
@@ -67,16 +68,21 @@ TEST(JobConfig, ResolveModelAppliesOverrides) {
   JobConfig c;
   c.model.flavor = "0.6B";
   c.model.n_layers = 2;
-  qwen3::Qwen3Args a = resolve_model(c);
+  qwen3::Qwen3Args a = qwen3::args_from_config(c);
   EXPECT_EQ(a.n_layers, 2);
   EXPECT_EQ(a.dim, 1024);
   EXPECT_EQ(a.vocab_size, 151936);
   EXPECT_TRUE(a.tie_embeddings);
   c.model.n_kv_heads = 3;
-  EXPECT_THROW(resolve_model(c), Error);  // 16 heads are not a multiple of 3
+  EXPECT_THROW(qwen3::args_from_config(c), Error);  // 16 heads are not a multiple of 3
 }
 
 TEST(JobConfig, ValidateCrossFieldRules) {
+  // The config's own rules, then the model's (seq_len against the flavor's context).
+  auto validate = [](const JobConfig& c) {
+    config::validate(c);
+    models::validate_model_config(c);
+  };
   JobConfig c;
   c.training.seq_len = 4096;
   EXPECT_NO_THROW(validate(c));

@@ -7,6 +7,7 @@
 #include "test_util.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/modules.h"
+#include "titan/models/qwen3/spec.h"
 #include "titan/train/check_kernel.h"
 #include "titan/train/trainer.h"
 
@@ -284,7 +285,7 @@ TEST(Plugin, ExampleExpertsKernelReplacesEveryMoeLayer) {
   const std::string lib = plugin("titan_token_experts");
   Registry::global().load(lib);
   config::JobConfig c = tiny_moe(lib);
-  auto tree = qwen3::build_module_tree(config::resolve_model(c), 32);
+  auto tree = qwen3::build_module_tree(qwen3::args_from_config(c), 32);
   const OverrideReport rep = apply_overrides(tree, "model", {lib});
   ASSERT_EQ(rep.replaced, 2);
   EXPECT_EQ(rep.lines[0],

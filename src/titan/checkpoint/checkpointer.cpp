@@ -9,8 +9,6 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
 #include "titan/core/log.h"
-#include "titan/models/qwen3/hf_config.h"
-#include "titan/models/qwen3/state_dict_adapter.h"
 
 namespace titan::ckpt {
 namespace fs = std::filesystem;
@@ -27,7 +25,7 @@ DType export_dtype(const std::string& name) {
 
 // Tensors of the model under their titan FQNs (or HF keys), converted to dt; storage holds the
 // converted bytes.
-std::vector<WriteTensor> model_tensors(const qwen3::Qwen3Model& model, DType dt, bool hf_keys,
+std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, bool hf_keys,
                                        std::vector<std::vector<uint8_t>>* storage) {
   std::vector<WriteTensor> out;
   auto add = [&](const std::string& key, const std::vector<int64_t>& shape, const float* src) {
@@ -42,8 +40,7 @@ std::vector<WriteTensor> model_tensors(const qwen3::Qwen3Model& model, DType dt,
     out.push_back({key, dt, shape, data});
   };
   if (hf_keys) {
-    for (const auto& t : qwen3::hf_tensors(model))
-      add(t.key, t.shape, model.param_data() + t.offset);
+    for (const auto& t : model.hf_tensors()) add(t.key, t.shape, model.param_data() + t.offset);
     return out;
   }
   for (const auto& p : model.params())
@@ -106,10 +103,10 @@ std::vector<std::pair<int64_t, fs::path>> resumable_steps(const fs::path& folder
 
 }  // namespace
 
-void load_model_weights(qwen3::Qwen3Model& model, const std::string& path, bool hf) {
+void load_model_weights(models::Model& model, const std::string& path, bool hf) {
   SafetensorsSet set = SafetensorsSet::open(path);
   if (hf) {
-    qwen3::load_hf_weights(model, set, path);
+    model.load_hf(set, path);
     return;
   }
   std::vector<std::string> missing;
@@ -124,7 +121,7 @@ void load_model_weights(qwen3::Qwen3Model& model, const std::string& path, bool 
     if (set.find(b.fqn)) set.read_f32(b.fqn, b.shape, b.data);
 }
 
-void export_hf(const std::string& dir, const qwen3::Qwen3Model& model, const std::string& dtype,
+void export_hf(const std::string& dir, const models::Model& model, const std::string& dtype,
                const std::string& source_dir, int64_t max_shard_bytes) {
   const DType dt = export_dtype(dtype);
   const fs::path dst(dir);
@@ -137,7 +134,7 @@ void export_hf(const std::string& dir, const qwen3::Qwen3Model& model, const std
     json base;
     if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "config.json"))
       base = read_json(fs::path(source_dir) / "config.json");
-    write_json(tmp / "config.json", qwen3::hf_config_json(model.args(), base, dtype));
+    write_json(tmp / "config.json", model.hf_config(base, dtype));
     json gen = {{"_from_model_config", true}};
     if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "generation_config.json")) {
       gen = read_json(fs::path(source_dir) / "generation_config.json");
@@ -162,7 +159,7 @@ Checkpointer::Checkpointer(const config::JobConfig& cfg) : cfg_(cfg) {
   folder_ = (fs::path(cfg.dump_folder) / cfg.checkpoint.folder).string();
 }
 
-std::optional<TrainState> Checkpointer::load(qwen3::Qwen3Model& model, float* exp_avg,
+std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
                                              float* exp_avg_sq) {
   const auto& k = cfg_.checkpoint;
   auto steps = resumable_steps(folder_);
@@ -200,7 +197,7 @@ std::optional<TrainState> Checkpointer::load(qwen3::Qwen3Model& model, float* ex
   return std::nullopt;
 }
 
-void Checkpointer::maybe_save(const TrainState& st, bool last, const qwen3::Qwen3Model& model,
+void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Model& model,
                               const float* exp_avg, const float* exp_avg_sq) {
   const auto& k = cfg_.checkpoint;
   if (!due(st.step, last)) return;

@@ -15,7 +15,7 @@
 
 #include "nlohmann/json.hpp"
 #include "titan/config/job_config.h"
-#include "titan/models/qwen3/model.h"
+#include "titan/models/model.h"
 
 namespace titan::ckpt {
 
@@ -31,15 +31,15 @@ class Checkpointer {
 
   // Restores per the order above. exp_avg/exp_avg_sq: the optimizer state (num_params each).
   // Returns the train state when a run was resumed.
-  std::optional<TrainState> load(qwen3::Qwen3Model& model, float* exp_avg, float* exp_avg_sq);
+  std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq);
 
   // Whether a save is due after `step` (enabled, and interval or last).
   bool due(int64_t step, bool last) const {
     return cfg_.checkpoint.enable && (last || step % cfg_.checkpoint.interval == 0);
   }
   // Saves if due.
-  void maybe_save(const TrainState& st, bool last, const qwen3::Qwen3Model& model,
-                  const float* exp_avg, const float* exp_avg_sq);
+  void maybe_save(const TrainState& st, bool last, const models::Model& model, const float* exp_avg,
+                  const float* exp_avg_sq);
 
   std::string folder() const { return folder_; }
 
@@ -53,10 +53,10 @@ class Checkpointer {
 // safetensors in `dtype` (float32 | bfloat16 | float16; sharded past max_shard_bytes),
 // config.json and generation_config.json (based on source_dir's when it has them), and the
 // tokenizer files of source_dir. Written to a temporary directory, then renamed.
-void export_hf(const std::string& dir, const qwen3::Qwen3Model& model, const std::string& dtype,
+void export_hf(const std::string& dir, const models::Model& model, const std::string& dtype,
                const std::string& source_dir, int64_t max_shard_bytes = int64_t{5} << 30);
 
 // Loads model weights from a Hugging Face directory or a native step directory.
-void load_model_weights(qwen3::Qwen3Model& model, const std::string& path, bool hf);
+void load_model_weights(models::Model& model, const std::string& path, bool hf);
 
 }  // namespace titan::ckpt

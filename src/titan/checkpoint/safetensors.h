@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "titan/core/tensor_source.h"
+
 namespace titan::ckpt {
 
 enum class DType {
@@ -86,16 +88,21 @@ class SafetensorsFile {
 // Transformers does) or model.safetensors.index.json plus its shards, a single .safetensors file,
 // or an *.index.json file. Every shard is opened and validated, and the index is checked against
 // the shards (every listed tensor present in its shard, no tensor in two shards).
-class SafetensorsSet {
+class SafetensorsSet final : public TensorSource {
  public:
   static SafetensorsSet open(const std::string& path);
 
-  std::vector<std::string> names() const;                 // sorted
+  std::vector<std::string> names() const override;        // sorted
   const TensorView* find(const std::string& name) const;  // nullptr if absent
   // Copies tensor `name` converted to fp32 into dst (numel floats). Throws titan::Error naming the
   // file and tensor if it is absent, if its shape differs from `shape`, or if its dtype is not
   // F32/F16/BF16/F64.
-  void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  void read_f32(const std::string& name, const std::vector<int64_t>& shape,
+                float* dst) const override;
+  const std::vector<int64_t>* shape_of(const std::string& name) const override {
+    const TensorView* t = find(name);
+    return t ? &t->shape : nullptr;
+  }
   // Sum of the tensors' data bytes.
   int64_t total_bytes() const;
   // The file holding tensor `name` ("" if absent), and the path the set was opened from.

@@ -14,6 +14,7 @@
 #include "titan/core/log.h"
 #include "titan/data/token_shard.h"
 #include "titan/data/tokenizer.h"
+#include "titan/models/registry.h"
 #include "titan/plugin/registry.h"
 #include "titan/train/check_kernel.h"
 #include "titan/train/evaluate.h"
@@ -78,36 +79,11 @@ std::string take_config_name(std::vector<std::string>& args) {
 titan::config::JobConfig build_config(std::vector<std::string> args) {
   load_modules(args);
   std::string name = take_config_name(args);
-  return titan::config::build_job_config(name, args);
+  return titan::config::build_job_config(name, args, titan::models::validate_model_config);
 }
 
 std::string resolved_model(const titan::config::JobConfig& cfg) {
-  titan::qwen3::Qwen3Args a = titan::config::resolve_model(cfg);
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "\n# resolved model\n# vocab_size=%lld dim=%lld n_layers=%lld n_heads=%lld "
-                "n_kv_heads=%lld head_dim=%lld hidden_dim=%lld rope_theta=%g max_seq_len=%lld "
-                "tie_embeddings=%s attn_mask_type=%s\n",
-                static_cast<long long>(a.vocab_size), static_cast<long long>(a.dim),
-                static_cast<long long>(a.n_layers), static_cast<long long>(a.n_heads),
-                static_cast<long long>(a.n_kv_heads), static_cast<long long>(a.head_dim),
-                static_cast<long long>(a.hidden_dim), a.rope_theta,
-                static_cast<long long>(a.max_seq_len), a.tie_embeddings ? "true" : "false",
-                a.attn_mask_type.c_str());
-  std::string out = buf;
-  if (a.is_moe()) {
-    std::snprintf(buf, sizeof buf,
-                  "# num_experts=%lld top_k=%lld moe_hidden_dim=%lld moe_layers=%lld "
-                  "norm_topk_prob=%s router_aux_loss=%s router_aux_loss_coef=%g "
-                  "load_balance_coeff=%g\n",
-                  static_cast<long long>(a.num_experts), static_cast<long long>(a.top_k),
-                  static_cast<long long>(a.moe_hidden_dim),
-                  static_cast<long long>(a.n_moe_layers()), a.norm_topk_prob ? "true" : "false",
-                  a.router_aux_loss ? "true" : "false", a.router_aux_loss_coef,
-                  a.load_balance_coeff);
-    out += buf;
-  }
-  return out;
+  return titan::models::model_spec(cfg.model.name).describe(cfg);
 }
 
 // titan tokenize: the ids of --text, or --input documents to a pre-tokenized shard.

@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "titan/core/error.h"
-#include "titan/models/qwen3/hf_config.h"
 #include "toml++/toml.h"
 
 namespace titan::config {
@@ -309,7 +308,8 @@ void apply_toml_file(JobConfig& c, const std::string& path) {
   }
 }
 
-JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags) {
+JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags,
+                           const std::function<void(const JobConfig&)>& check_model) {
   JobConfig c = make_config(name);
   // The TOML file comes first whatever its position among the flags: flags > TOML > function.
   std::vector<std::string> rest;
@@ -331,6 +331,7 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   }
   apply_flags(c, rest);
   validate(c);
+  if (check_model) check_model(c);
   if (!c.debug.save_config_file.empty()) {
     const std::string tmp = c.debug.save_config_file + ".tmp";
     {
@@ -343,49 +344,10 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   return c;
 }
 
-qwen3::Qwen3Args resolve_model(const JobConfig& c) {
-  check(c.model.name == "qwen3", "model.name '" + c.model.name + "' is not supported; use qwen3");
-  qwen3::Qwen3Args a = c.model.hf_assets_path.empty()
-                           ? qwen3::flavor(c.model.flavor)
-                           : qwen3::args_from_hf_config(c.model.hf_assets_path);
-  auto over = [](int64_t v, int64_t& dst) {
-    if (v != 0) dst = v;
-  };
-  over(c.model.n_layers, a.n_layers);
-  over(c.model.dim, a.dim);
-  over(c.model.n_heads, a.n_heads);
-  over(c.model.n_kv_heads, a.n_kv_heads);
-  over(c.model.head_dim, a.head_dim);
-  over(c.model.hidden_dim, a.hidden_dim);
-  over(c.model.vocab_size, a.vocab_size);
-  if (c.model.rope_theta != 0) a.rope_theta = c.model.rope_theta;
-  a.attn_mask_type = c.model.attn_mask_type;
-  if (c.model.num_experts != 0 || c.model.top_k != 0 || c.model.moe_hidden_dim != 0)
-    check(
-        a.is_moe() || (c.model.num_experts > 0 && c.model.top_k > 0 && c.model.moe_hidden_dim > 0),
-        "model.num_experts/top_k/moe_hidden_dim apply to MoE models; pick an MoE flavor "
-        "(debugmodel_moe, 30B-A3B, 235B-A22B) or set all three");
-  over(c.model.num_experts, a.num_experts);
-  over(c.model.top_k, a.top_k);
-  over(c.model.moe_hidden_dim, a.moe_hidden_dim);
-  if (c.model.load_balance_coeff >= 0) a.load_balance_coeff = c.model.load_balance_coeff;
-  if (c.model.router_aux_loss) a.router_aux_loss = true;
-  if (c.model.router_aux_loss_coef >= 0) a.router_aux_loss_coef = c.model.router_aux_loss_coef;
-  a.validate();
-  return a;
-}
-
 void validate(const JobConfig& c) {
-  qwen3::Qwen3Args a = resolve_model(c);
   const auto& t = c.training;
   check(t.local_batch_size > 0, "training.local_batch_size must be positive");
   check(t.seq_len > 0, "training.seq_len must be positive");
-  const std::string source = c.model.hf_assets_path.empty()
-                                 ? "flavor '" + c.model.flavor + "'"
-                                 : c.model.hf_assets_path + "/config.json";
-  check(t.seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(t.seq_len) +
-                                        " exceeds the maximum context of " + source + " (" +
-                                        std::to_string(a.max_seq_len) + ")");
   check(t.steps > 0, "training.steps must be positive");
   check(t.max_norm > 0, "training.max_norm must be positive");
   check(t.global_batch_size == -1 ||

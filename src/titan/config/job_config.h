@@ -8,8 +8,6 @@
 #include <variant>
 #include <vector>
 
-#include "titan/models/qwen3/args.h"
-
 namespace titan::config {
 
 struct ModelConfig {
@@ -163,13 +161,13 @@ std::string to_string(JobConfig& c);
 void apply_toml_file(JobConfig& c, const std::string& path);
 
 // The whole command-line pipeline: config function NAME, then --job.config_file, then the other
-// flags, then validation.
-JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags);
+// flags, then validation: validate() and then check_model (the model's own checks,
+// models::validate_model_config; config/ knows no model), before debug.save_config_file.
+JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags,
+                           const std::function<void(const JobConfig&)>& check_model = {});
 
-// Model arguments: the flavor with the config's overrides applied, validated.
-qwen3::Qwen3Args resolve_model(const JobConfig& c);
-
-// Checks cross-field rules (batch sizes, seq_len against the flavor, schedule, ...).
+// Checks cross-field rules (batch sizes, schedule, checkpoint and data fields, ...). The model
+// section is checked by the model (models::validate_model_config).
 void validate(const JobConfig& c);
 
 // Config functions registered by name.

@@ -9,6 +9,8 @@
 
 #include "titan/core/log.h"
 #include "titan/models/qwen3/modules.h"
+#include "titan/models/qwen3/spec.h"
+#include "titan/models/registry.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/router.h"
@@ -134,13 +136,14 @@ bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp
 }  // namespace
 
 bool check_kernels(const config::JobConfig& cfg, double tolerance) {
-  const qwen3::Qwen3Args a = config::resolve_model(cfg);
+  // The module tree before and after the overrides, as build_model makes them; the shapes
+  // checked are Qwen3's (RoPE on q/k heads, grouped experts).
+  models::validate_model_config(cfg);
+  const qwen3::Qwen3Args a = qwen3::args_from_config(cfg);
   const int64_t S = cfg.training.seq_len;
-  auto tree = qwen3::build_module_tree(a, S);
-  const auto original = qwen3::rope_plan(*tree, a, S);
-  std::vector<std::string> imports = plugin::split_list(cfg.override_.imports);
-  for (const auto& lib : imports) plugin::Registry::global().load(lib);
-  plugin::apply_overrides(tree, "model", imports);
+  const auto original =
+      qwen3::rope_plan(*models::model_spec(cfg.model.name).module_tree(cfg, S), a, S);
+  auto tree = models::overridden_module_tree(cfg, S);
   const auto replaced = qwen3::rope_plan(*tree, a, S);
 
   std::vector<float> table(static_cast<size_t>(S * a.head_dim));

@@ -9,7 +9,7 @@
 #include "titan/core/error.h"
 #include "titan/data/dataset.h"
 #include "titan/data/packed_loader.h"
-#include "titan/models/qwen3/model.h"
+#include "titan/models/registry.h"
 #include "titan/train/validator.h"
 
 namespace titan::train {
@@ -32,7 +32,7 @@ std::vector<int32_t> read_ids(const ckpt::TensorView& t, const std::string& file
   return ids;
 }
 
-void load_weights(qwen3::Qwen3Model& m, const config::JobConfig& cfg) {
+void load_weights(models::Model& m, const config::JobConfig& cfg) {
   if (!cfg.checkpoint.initial_load_path.empty())
     ckpt::load_model_weights(m, cfg.checkpoint.initial_load_path,
                              cfg.checkpoint.initial_load_in_hf);
@@ -47,7 +47,20 @@ void load_weights(qwen3::Qwen3Model& m, const config::JobConfig& cfg) {
 }  // namespace
 
 EvalResult evaluate(const config::JobConfig& cfg) {
-  const qwen3::Qwen3Args args = config::resolve_model(cfg);
+  models::validate_model_config(cfg);
+  // The model as every command builds it (module tree, overrides, ops); weights loaded after.
+  auto build = [&](config::JobConfig c, int64_t B, int64_t S) {
+    c.training.local_batch_size = B;
+    c.training.seq_len = S;
+    models::BuildOptions o;
+    o.batch = B;
+    o.seq_len = S;
+    o.loss_chunks = c.loss.num_chunks;
+    o.init = false;
+    std::unique_ptr<models::Model> m = models::build_model(c, o);
+    load_weights(*m, c);
+    return m;
+  };
   EvalResult r;
   double sum = 0;
   int64_t count = 0;
@@ -56,7 +69,7 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     const ckpt::TensorView* ids_t = set.find("input_ids");
     check(ids_t, cfg.eval.tokens_path + ": no tensor 'input_ids'");
     std::vector<int32_t> input = read_ids(*ids_t, cfg.eval.tokens_path);
-    const int64_t B = ids_t->shape[0], S = ids_t->shape[1], T = B * S, V = args.vocab_size;
+    const int64_t B = ids_t->shape[0], S = ids_t->shape[1], T = B * S;
     std::vector<int32_t> hf_labels = input;
     if (const ckpt::TensorView* l = set.find("labels")) {
       check(l->shape == ids_t->shape,
@@ -69,17 +82,17 @@ EvalResult evaluate(const config::JobConfig& cfg) {
         labels[b * S + s] = s + 1 < S ? hf_labels[b * S + s + 1] : ops::kIgnoreIndex;
         positions[b * S + s] = static_cast<int32_t>(s);
       }
-    qwen3::Qwen3Args a = args;
-    a.attn_mask_type = "causal";
-    qwen3::Qwen3Model m(a, B, S, cfg.loss.num_chunks);
-    load_weights(m, cfg);
-    qwen3::Batch batch{B, S, input.data(), labels.data(), positions.data()};
-    ops::LossSum ls = m.forward_loss(batch);
+    config::JobConfig causal = cfg;
+    causal.model.attn_mask_type = "causal";
+    std::unique_ptr<models::Model> m = build(causal, B, S);
+    const int64_t V = m->vocab_size();
+    models::Batch batch{B, S, input.data(), labels.data(), positions.data()};
+    ops::LossSum ls = m->forward_loss(batch);
     sum = ls.sum;
     count = ls.count;
     if (!cfg.eval.logits_out.empty()) {
       std::vector<float> logits(static_cast<size_t>(T * V));
-      m.forward_logits(batch, logits.data());
+      m->forward_logits(batch, logits.data());
       std::vector<int64_t> ids64(input.begin(), input.end());
       ckpt::write_file(cfg.eval.logits_out,
                        {{"input_ids", ckpt::DType::I64, {B, S}, ids64.data()},
@@ -87,10 +100,9 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     }
   } else {
     const auto& t = cfg.training;
-    qwen3::Qwen3Model m(args, t.local_batch_size, t.seq_len, cfg.loss.num_chunks);
-    load_weights(m, cfg);
+    std::unique_ptr<models::Model> m = build(cfg, t.local_batch_size, t.seq_len);
     auto docs = data::open_dataset(dataloader_spec(cfg));
-    check_vocab_fits(*docs, args.vocab_size);
+    check_vocab_fits(*docs, m->vocab_size());
     data::LoaderOptions lo;
     lo.batch = t.local_batch_size;
     lo.seq_len = t.seq_len;
@@ -102,7 +114,7 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     for (int64_t i = 0; i < cfg.eval.steps; ++i) {
       loader.next(in.data(), lab.data(), pos.data());
       ops::LossSum ls =
-          m.forward_loss({t.local_batch_size, t.seq_len, in.data(), lab.data(), pos.data()});
+          m->forward_loss({t.local_batch_size, t.seq_len, in.data(), lab.data(), pos.data()});
       sum += ls.sum;
       count += ls.count;
     }

@@ -8,16 +8,22 @@
 #include "titan/core/error.h"
 #include "titan/core/log.h"
 #include "titan/data/dataset.h"
-#include "titan/models/qwen3/modules.h"
+#include "titan/models/registry.h"
 #include "titan/ops/gemm.h"
-#include "titan/plugin/registry.h"
 
 namespace titan::train {
 
 Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
   config::validate(cfg_);
-  args_ = config::resolve_model(cfg_);
+  models::validate_model_config(cfg_);
   const auto& t = cfg_.training;
+  // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model.
+  models::BuildOptions bo;
+  bo.batch = t.local_batch_size;
+  bo.seq_len = t.seq_len;
+  bo.loss_chunks = cfg_.loss.num_chunks;
+  bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
+  model_ = models::build_model(cfg_, bo);
   const int64_t dp = 1;  // data-parallel degree (single process for now)
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
   check(global % (t.local_batch_size * dp) == 0,
@@ -29,13 +35,13 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
       docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(cfg_.dataloader.tokenizer));
-  check_vocab_fits(*dataset, args_.vocab_size);
+  check_vocab_fits(*dataset, model_->vocab_size());
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);
     if (auto* text = dynamic_cast<const data::TextDocuments*>(dataset.get()))
       vs.loaded = text->tokenizer();  // load the tokenizer once
     auto vdocs = data::open_dataset(vs);
-    check_vocab_fits(*vdocs, args_.vocab_size);
+    check_vocab_fits(*vdocs, model_->vocab_size());
     validator_ = std::make_unique<Validator>(cfg_, std::move(vdocs));
   }
   data::LoaderOptions lo;
@@ -45,17 +51,6 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
 
-  // Module tree -> overrides from --override.imports -> the ops each layer calls.
-  auto tree = qwen3::build_module_tree(args_, t.seq_len);
-  std::vector<std::string> imports = plugin::split_list(cfg_.override_.imports);
-  for (const auto& lib : imports) plugin::Registry::global().load(lib);
-  plugin::apply_overrides(tree, "model", imports);
-  model_ = std::make_unique<qwen3::Qwen3Model>(
-      args_, t.local_batch_size, t.seq_len, cfg_.loss.num_chunks,
-      qwen3::rope_plan(*tree, args_, t.seq_len),
-      qwen3::experts_plan(*tree, args_, t.local_batch_size * t.seq_len));
-  const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
-  model_->init_weights(seed);
   m_.resize(model_->num_params());
   v_.resize(model_->num_params());
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
@@ -105,24 +100,21 @@ StepResult Trainer::step() {
   double loss_sum = 0, aux_sum = 0;
   const float aux_weight = 1.0f / static_cast<float>(grad_accum_);  // the step's aux term: mean
   for (int64_t a = 0; a < grad_accum_; ++a) {
-    qwen3::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
-                   labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
+    models::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
+                    labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
     loss_sum += model_->forward_backward(b, scale, aux_weight).sum;
     aux_sum += model_->last_aux_loss();
   }
   tokens_seen_ += grad_accum_ * mb_tokens;
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
-  if (args_.router_aux_loss) {
+  if (const auto coef = model_->aux_loss_coef()) {
     r.aux_loss = aux_sum / static_cast<double>(grad_accum_);
-    r.loss += args_.router_aux_loss_coef * r.aux_loss;
+    r.loss += *coef * r.aux_loss;
   }
-  size_t moe = 0;
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    if (!args_.moe_layer(l)) continue;
-    const auto& load = model_->expert_load()[moe++];
-    r.expert_load.push_back({l, *std::min_element(load.begin(), load.end()),
-                             *std::max_element(load.begin(), load.end())});
-  }
+  for (const auto& load : model_->expert_load())
+    r.expert_load.push_back({load.layer,
+                             *std::min_element(load.tokens->begin(), load.tokens->end()),
+                             *std::max_element(load.tokens->begin(), load.tokens->end())});
 
   const int64_t n = model_->num_params();
   r.grad_norm = std::sqrt(optim::sum_squares(model_->grad_data(), n));

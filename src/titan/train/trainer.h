@@ -13,7 +13,7 @@
 #include "titan/config/job_config.h"
 #include "titan/core/buffer.h"
 #include "titan/data/packed_loader.h"
-#include "titan/models/qwen3/model.h"
+#include "titan/models/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/lr_schedule.h"
 #include "titan/train/metrics.h"
@@ -39,7 +39,7 @@ class Trainer {
   // The whole run: training.steps steps with logging.
   void train();
 
-  qwen3::Qwen3Model& model() { return *model_; }
+  models::Model& model() { return *model_; }
   int64_t current_step() const { return step_; }
   int64_t grad_accum_steps() const { return grad_accum_; }
   // Saves a checkpoint if one is due after the current step (train() calls it every step).
@@ -49,8 +49,7 @@ class Trainer {
 
  private:
   config::JobConfig cfg_;
-  qwen3::Qwen3Args args_;
-  std::unique_ptr<qwen3::Qwen3Model> model_;
+  std::unique_ptr<models::Model> model_;
   std::unique_ptr<data::PackedLoader> loader_;
   std::unique_ptr<Validator> validator_;  // when validator.enable
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;

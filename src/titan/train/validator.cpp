@@ -44,7 +44,7 @@ Validator::Validator(const config::JobConfig& cfg, std::shared_ptr<const data::D
   check(freq_ > 0, "validator.freq must be positive");
 }
 
-ValidationResult Validator::validate(qwen3::Qwen3Model& model) const {
+ValidationResult Validator::validate(models::Model& model) const {
   const double t0 = cpu::now_seconds();
   data::LoaderOptions lo;
   lo.batch = batch_;

@@ -10,7 +10,7 @@
 
 #include "titan/config/job_config.h"
 #include "titan/data/dataset.h"
-#include "titan/models/qwen3/model.h"
+#include "titan/models/model.h"
 
 namespace titan::train {
 
@@ -34,7 +34,7 @@ class Validator {
   Validator(const config::JobConfig& cfg, std::shared_ptr<const data::DocumentSet> docs);
   bool should_validate(int64_t step) const { return step == 1 || step % freq_ == 0; }
   // Forward only; the model's parameters and gradients are untouched.
-  ValidationResult validate(qwen3::Qwen3Model& model) const;
+  ValidationResult validate(models::Model& model) const;
 
  private:
   std::shared_ptr<const data::DocumentSet> docs_;

@@ -15,6 +15,7 @@
 #include "titan/config/builtin_configs.h"
 #include "titan/config/job_config.h"
 #include "titan/models/qwen3/model.h"
+#include "titan/models/qwen3/spec.h"
 #include "titan/ops/router.h"
 #include "titan/plugin/registry.h"
 #include "titan/train/trainer.h"
@@ -45,7 +46,7 @@ TEST(MoeFlavors, LargeFlavorsAndTheSeedsReducedConfig) {
   EXPECT_EQ(flavor("235B-A22B").n_layers, 94);
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("nki_qwen3_30b_a3b");
-  const Qwen3Args r = config::resolve_model(c);
+  const Qwen3Args r = args_from_config(c);
   EXPECT_EQ(r.n_layers, 4);
   EXPECT_EQ(r.num_experts, 64);
   EXPECT_EQ(r.top_k, 4);
@@ -63,7 +64,7 @@ TEST(MoeArgs, BadFieldsAreNamed) {
   }
   config::JobConfig c;
   c.model.num_experts = 8;  // on a dense flavor without top_k / moe_hidden_dim
-  EXPECT_THROW(config::resolve_model(c), Error);
+  EXPECT_THROW(args_from_config(c), Error);
 }
 
 // The router against a direct computation in double, and its backward against central
@@ -183,7 +184,8 @@ TEST(MoeModel, ExpertBiasFollowsTheLoad) {
   Qwen3Model m(a, B, S);
   m.init_weights(1, 0.2f);
   m.forward_backward({B, S, in.data(), lab.data(), pos.data()}, 1.0f / S);
-  const std::vector<std::vector<double>> load = m.expert_load();
+  std::vector<std::vector<double>> load;
+  for (const auto& e : m.expert_load()) load.push_back(*e.tokens);
   ASSERT_EQ(load.size(), 2u);
   for (const auto& l : load) {
     double sum = 0;
@@ -210,7 +212,7 @@ TEST(MoeModel, ExpertBiasFollowsTheLoad) {
   }
   EXPECT_NEAR(bias_sum, 0.0f, 1e-6f);
   for (const auto& l : m.expert_load())
-    for (double c : l) EXPECT_EQ(c, 0.0);
+    for (double c : *l.tokens) EXPECT_EQ(c, 0.0);
 }
 
 std::vector<std::string> docs() {

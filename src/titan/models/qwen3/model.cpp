@@ -6,6 +6,8 @@
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/core/rng.h"
+#include "titan/models/qwen3/hf_config.h"
+#include "titan/models/qwen3/state_dict_adapter.h"
 #include "titan/ops/attention.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/gemm.h"
@@ -22,6 +24,7 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
   for (int64_t s : p.shape) p.numel *= s;
   p.offset = *off;
   p.group = group;
+  p.local_rows = p.shape.empty() ? 1 : p.shape[0];
   *off += p.numel;
   params_.push_back(std::move(p));
 }
@@ -90,7 +93,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   norm_ = off;
   add_param("norm.weight", {D}, L + 1, &off);
   if (a_.tie_embeddings) {
-    ParamInfo p{"lm_head.weight", {V, D}, tok_emb_, V * D, 0, true};
+    ParamInfo p{"lm_head.weight", {V, D}, tok_emb_, V * D, 0, true, 0, V};
     params_.push_back(p);
     lm_head_ = tok_emb_;
   } else {
@@ -191,12 +194,6 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     experts_scratch_ = work_.take(experts_scratch);
   }
   seg_.resize(T);
-}
-
-const ParamInfo& Qwen3Model::param(const std::string& fqn) const {
-  for (const auto& p : params_)
-    if (p.fqn == fqn) return p;
-  throw Error("no parameter named '" + fqn + "' in the Qwen3 model");
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std) {
@@ -451,6 +448,13 @@ void Qwen3Model::finish_step() {
   }
 }
 
+std::vector<models::ExpertLoad> Qwen3Model::expert_load() const {
+  std::vector<models::ExpertLoad> out;
+  for (int64_t l = 0; l < a_.n_layers; ++l)
+    if (layers_[l].moe >= 0) out.push_back({l, &load_[static_cast<size_t>(layers_[l].moe)]});
+  return out;
+}
+
 std::vector<BufferInfo> Qwen3Model::buffers() const {
   std::vector<BufferInfo> out;
   for (int64_t l = 0; l < a_.n_layers; ++l)
@@ -477,6 +481,16 @@ int64_t Qwen3Model::num_flop_params() const {
 double Qwen3Model::flops_per_token(int64_t seq_len) const {
   return 6.0 * static_cast<double>(num_flop_params()) +
          6.0 * static_cast<double>(a_.n_layers * a_.n_heads * 2 * a_.head_dim * seq_len);
+}
+
+std::vector<models::HfTensor> Qwen3Model::hf_tensors() const { return qwen3::hf_tensors(*this); }
+
+void Qwen3Model::load_hf(const TensorSource& src, const std::string& where) {
+  load_hf_weights(*this, src, where);
+}
+
+nlohmann::json Qwen3Model::hf_config(const nlohmann::json& base, const std::string& dtype) const {
+  return hf_config_json(a_, base, dtype);
 }
 
 }  // namespace titan::qwen3

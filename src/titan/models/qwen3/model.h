@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "titan/core/buffer.h"
+#include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/loss.h"
@@ -27,32 +28,11 @@
 
 namespace titan::qwen3 {
 
-struct ParamInfo {
-  std::string fqn;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;  // into the flat parameter buffer
-  int64_t numel = 0;
-  int64_t group = 0;   // 0 embeddings, 1..L layers, L+1 head
-  bool alias = false;  // lm_head.weight when tied: same storage as tok_embeddings.weight
-};
+using models::Batch;
+using models::BufferInfo;
+using models::ParamInfo;
 
-// A persistent non-parameter tensor (torchtitan's expert_bias): checkpointed, not trained by the
-// optimizer, not exported to Hugging Face.
-struct BufferInfo {
-  std::string fqn;
-  std::vector<int64_t> shape;
-  float* data = nullptr;
-};
-
-// One microbatch: B rows of S tokens. positions restart at 0 at each document.
-struct Batch {
-  int64_t B = 0, S = 0;
-  const int32_t* input = nullptr;
-  const int32_t* labels = nullptr;  // -100 = ignore
-  const int32_t* positions = nullptr;
-};
-
-class Qwen3Model {
+class Qwen3Model final : public models::Model {
  public:
   // rope_ops: the RoPE kernel pair of each layer (from the module tree and its overrides);
   // empty means the built-in cos/sin RoPE everywhere.
@@ -63,50 +43,56 @@ class Qwen3Model {
              std::vector<ops::GroupedExpertsOp> experts_ops = {});
 
   const Qwen3Args& args() const { return a_; }
-  const std::vector<ParamInfo>& params() const { return params_; }
-  const ParamInfo& param(const std::string& fqn) const;
-  int64_t num_params() const { return params_buf_.size(); }  // unique parameters
-  float* param_data() { return params_buf_.data(); }
-  const float* param_data() const { return params_buf_.data(); }
-  float* grad_data() { return grads_buf_.data(); }
-  float* param_ptr(const std::string& fqn) { return params_buf_.data() + param(fqn).offset; }
-  float* grad_ptr(const std::string& fqn) { return grads_buf_.data() + param(fqn).offset; }
+  const std::vector<ParamInfo>& params() const override { return params_; }
+  int64_t num_params() const override { return params_buf_.size(); }  // unique parameters
+  float* param_data() override { return params_buf_.data(); }
+  const float* param_data() const override { return params_buf_.data(); }
+  float* grad_data() override { return grads_buf_.data(); }
+  int64_t vocab_size() const override { return a_.vocab_size; }
 
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
   // draws from its own counter-based stream, so the result is independent of threads.
-  void init_weights(uint64_t seed, float std = 0.02f);
-  void zero_grad() { grads_buf_.zero(); }
+  void init_weights(uint64_t seed, float std = 0.02f) override;
+  void zero_grad() override { grads_buf_.zero(); }
 
   // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
   // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count.
   // With the auxiliary loss on, the microbatch's loss also has router_aux_loss_coef ·
   // aux_weight · aux (aux_weight = 1 / microbatches per step makes the step's term the mean).
-  ops::LossSum forward_backward(const Batch& b, float grad_scale, float aux_weight = 1.0f);
+  ops::LossSum forward_backward(const Batch& b, float grad_scale, float aux_weight = 1.0f) override;
   // Forward only (evaluation): Σ CE and the count.
-  ops::LossSum forward_loss(const Batch& b);
+  ops::LossSum forward_loss(const Batch& b) override;
   // Forward only: all logits, out[B·S, V] (labels may be null). For evaluation and parity checks;
   // training never forms all logits.
-  void forward_logits(const Batch& b, float* out);
+  void forward_logits(const Batch& b, float* out) override;
 
   // ---- MoE state
   // The auxiliary load-balancing loss of the last forward (HF load_balancing_loss_func over all
   // MoE layers' router probabilities, pooled; no coefficient); 0 for a dense model.
-  double last_aux_loss() const { return aux_loss_; }
+  double last_aux_loss() const override { return aux_loss_; }
+  std::optional<double> aux_loss_coef() const override {
+    return a_.router_aux_loss ? std::optional<double>(a_.router_aux_loss_coef) : std::nullopt;
+  }
   // Tokens routed to each expert since the last finish_step(), per MoE layer: [n_moe][E].
   // Counted in training forwards only (torchtitan's tokens_per_expert).
-  const std::vector<std::vector<double>>& expert_load() const { return load_; }
+  std::vector<models::ExpertLoad> expert_load() const override;
   // End of an optimizer step (before the update, as torchtitan's pre-step hook): with
   // load_balance_coeff > 0, expert_bias += coeff·sign(mean(load) − load) centred to mean 0, per
   // layer; then the counts restart.
-  void finish_step();
+  void finish_step() override;
   // The persistent buffers (expert_bias per MoE layer); writable through data.
-  std::vector<BufferInfo> buffers() const;
+  std::vector<BufferInfo> buffers() const override;
 
   // torchtitan: 6·N (embedding excluded unless tied) + 6·L·H·2·head_dim·seq_len.
-  double flops_per_token(int64_t seq_len) const;
+  double flops_per_token(int64_t seq_len) const override;
   // Parameters counted in the FLOPs formula (N above): for MoE, experts count K/E of theirs
   // (active parameters).
-  int64_t num_flop_params() const;
+  int64_t num_flop_params() const override;
+
+  // ---- Hugging Face adapter (state_dict_adapter.h, hf_config.h)
+  std::vector<models::HfTensor> hf_tensors() const override;
+  void load_hf(const TensorSource& src, const std::string& where) override;
+  nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const override;
 
  private:
   struct Layer {

@@ -4,7 +4,6 @@
 #include <map>
 #include <set>
 
-#include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
 
 namespace titan::qwen3 {
@@ -99,7 +98,7 @@ namespace {
 // Reads the fused on-disk experts of MoE layers that have them (save_original_format=False):
 // gate_up_proj [E,2F,D] -> w1 = rows [0,F), w3 = rows [F,2F); down_proj [E,D,F] -> w2. Returns the
 // per-expert keys so satisfied; shape problems go to bad_shape.
-std::set<std::string> load_fused_experts(Qwen3Model& model, const ckpt::SafetensorsSet& set,
+std::set<std::string> load_fused_experts(Qwen3Model& model, const TensorSource& set,
                                          std::set<std::string>* used,
                                          std::vector<std::string>* bad_shape) {
   std::set<std::string> done;
@@ -108,15 +107,15 @@ std::set<std::string> load_fused_experts(Qwen3Model& model, const ckpt::Safetens
   for (int64_t l = 0; l < a.n_layers; ++l) {
     if (!a.moe_layer(l)) continue;
     const std::string pre = "model.layers." + std::to_string(l) + ".mlp.experts.";
-    const ckpt::TensorView* gu = set.find(pre + "gate_up_proj");
-    const ckpt::TensorView* dn = set.find(pre + "down_proj");
+    const std::vector<int64_t>* gu = set.shape_of(pre + "gate_up_proj");
+    const std::vector<int64_t>* dn = set.shape_of(pre + "down_proj");
     if (!gu || !dn) continue;
     used->insert(pre + "gate_up_proj");
     used->insert(pre + "down_proj");
     const std::vector<int64_t> gu_shape{E, 2 * F, D}, dn_shape{E, D, F};
-    if (gu->shape != gu_shape || dn->shape != dn_shape) {
-      bad_shape->push_back(pre + "gate_up_proj " + shape_str(gu->shape) + " / down_proj " +
-                           shape_str(dn->shape) + " (expected " + shape_str(gu_shape) + " / " +
+    if (*gu != gu_shape || *dn != dn_shape) {
+      bad_shape->push_back(pre + "gate_up_proj " + shape_str(*gu) + " / down_proj " +
+                           shape_str(*dn) + " (expected " + shape_str(gu_shape) + " / " +
                            shape_str(dn_shape) + ")");
       continue;
     }
@@ -138,7 +137,7 @@ std::set<std::string> load_fused_experts(Qwen3Model& model, const ckpt::Safetens
 }
 }  // namespace
 
-void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const std::string& where) {
+void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where) {
   std::vector<std::string> missing, bad_shape, unexpected;
   std::set<std::string> used;
   const std::set<std::string> fused = load_fused_experts(model, set, &used, &bad_shape);
@@ -146,14 +145,13 @@ void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const s
   for (auto& t : hf_tensors(model))
     if (!fused.count(t.key)) wanted[t.key] = t;
   for (const auto& [key, p] : wanted) {
-    const ckpt::TensorView* t = set.find(key);
+    const std::vector<int64_t>* t = set.shape_of(key);
     if (!t) {
       missing.push_back(key);
       continue;
     }
-    if (t->shape != p.shape) {
-      bad_shape.push_back(key + " " + shape_str(t->shape) + " (expected " + shape_str(p.shape) +
-                          ")");
+    if (*t != p.shape) {
+      bad_shape.push_back(key + " " + shape_str(*t) + " (expected " + shape_str(p.shape) + ")");
       continue;
     }
   }

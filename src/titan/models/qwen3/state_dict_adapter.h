@@ -9,19 +9,10 @@
 
 #include "titan/models/qwen3/model.h"
 
-namespace titan::ckpt {
-class SafetensorsSet;
-}
-
 namespace titan::qwen3 {
 
-// One Hugging Face tensor and where it lives in the flat parameter buffer (contiguous).
-struct HfTensor {
-  std::string key;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;
-  std::string fqn;  // the titan parameter it is (part of)
-};
+using models::HfTensor;
+
 // Every HF tensor of the model (the tied lm_head omitted), experts split per expert.
 std::vector<HfTensor> hf_tensors(const Qwen3Model& model);
 
@@ -31,11 +22,11 @@ std::string to_hf_key(const std::string& fqn);
 // The inverse; returns "" for a key titan does not map (the caller reports it as unexpected).
 std::string from_hf_key(const std::string& key);
 
-// Copies every parameter of `model` from an HF safetensors set (any of F32/BF16/F16 on disk).
-// A tied model accepts lm_head.weight present or absent; MoE experts are read per expert or
-// from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]).
+// Copies every parameter of `model` from an HF state dict (a safetensors set) (any of F32/BF16/F16
+// on disk). A tied model accepts lm_head.weight present or absent; MoE experts are read per expert
+// or from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]).
 // Missing, unexpected and mis-shaped keys are all reported at once in one titan::Error naming
 // `where`.
-void load_hf_weights(Qwen3Model& model, const ckpt::SafetensorsSet& set, const std::string& where);
+void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where);
 
 }  // namespace titan::qwen3

@@ -1,0 +1,116 @@
+// The model interface: what the trainer, the evaluator, the validator, check-kernel and the
+// checkpointer see of a model (torchtitan's ModelSpec + the nn.Module surface they use). A model
+// registers under its model.name (models/registry.h); Qwen3 (dense and MoE) is the first.
+//
+// Parameters and gradients live in one flat fp32 buffer each; params() lists every tensor with
+// its FQN, global shape, the slice of it this process holds and its offset in the buffer.
+// Without sharding the local slice is the whole tensor.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "titan/core/tensor_source.h"
+#include "titan/ops/loss.h"
+
+namespace titan::models {
+
+struct ParamInfo {
+  std::string fqn;
+  std::vector<int64_t> shape;  // global shape
+  int64_t offset = 0;          // into the flat parameter buffer
+  int64_t numel = 0;           // elements held here
+  int64_t group = 0;           // 0 embeddings, 1..L layers, L+1 head
+  bool alias = false;          // lm_head.weight when tied: same storage as tok_embeddings.weight
+  // The local slice: rows [local_begin, local_begin + local_rows) of dim 0 (all rows unsharded).
+  int64_t local_begin = 0, local_rows = 0;
+};
+
+// A persistent non-parameter tensor (torchtitan's expert_bias): checkpointed, not trained by the
+// optimizer, not exported to Hugging Face.
+struct BufferInfo {
+  std::string fqn;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
+// One microbatch: B rows of S tokens. positions restart at 0 at each document.
+struct Batch {
+  int64_t B = 0, S = 0;
+  const int32_t* input = nullptr;
+  const int32_t* labels = nullptr;  // -100 = ignore
+  const int32_t* positions = nullptr;
+};
+
+// One Hugging Face tensor and where it lives in the flat parameter buffer (contiguous).
+struct HfTensor {
+  std::string key;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  std::string fqn;  // the titan parameter it is (part of)
+};
+
+// Tokens routed to each expert of one MoE layer since the last finish_step().
+struct ExpertLoad {
+  int64_t layer = 0;
+  const std::vector<double>* tokens = nullptr;  // [experts]
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // ---- parameters and buffers
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  virtual int64_t num_params() const = 0;  // unique parameters (size of the flat buffers)
+  virtual float* param_data() = 0;
+  virtual const float* param_data() const = 0;
+  virtual float* grad_data() = 0;
+  // The persistent buffers, writable through data.
+  virtual std::vector<BufferInfo> buffers() const = 0;
+  const ParamInfo& param(const std::string& fqn) const;  // throws titan::Error when absent
+  float* param_ptr(const std::string& fqn) { return param_data() + param(fqn).offset; }
+  float* grad_ptr(const std::string& fqn) { return grad_data() + param(fqn).offset; }
+  virtual int64_t vocab_size() const = 0;
+
+  // Seeded init (torchtitan/HF: Linear and embeddings N(0, std), norms 1), independent of
+  // threads.
+  virtual void init_weights(uint64_t seed, float std = 0.02f) = 0;
+  virtual void zero_grad() = 0;
+
+  // ---- compute
+  // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
+  // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count. An
+  // auxiliary loss (aux_loss_coef()) adds coef · aux_weight · aux to the microbatch's loss.
+  virtual ops::LossSum forward_backward(const Batch& b, float grad_scale,
+                                        float aux_weight = 1.0f) = 0;
+  virtual ops::LossSum forward_loss(const Batch& b) = 0;
+  // All logits, out[B·S, V]; for evaluation and parity checks.
+  virtual void forward_logits(const Batch& b, float* out) = 0;
+
+  // ---- FLOPs (torchtitan's formula) for MFU
+  virtual double flops_per_token(int64_t seq_len) const = 0;
+  virtual int64_t num_flop_params() const = 0;
+
+  // ---- step hooks and statistics
+  // End of an optimizer step, before the update (torchtitan's optimizer pre-step hooks).
+  virtual void finish_step() {}
+  // The auxiliary loss coefficient when the model has one switched on, and its last value.
+  virtual std::optional<double> aux_loss_coef() const { return std::nullopt; }
+  virtual double last_aux_loss() const { return 0; }
+  virtual std::vector<ExpertLoad> expert_load() const { return {}; }
+
+  // ---- Hugging Face adapter
+  // Every HF tensor of the model (a tied lm_head omitted).
+  virtual std::vector<HfTensor> hf_tensors() const = 0;
+  // Copies every parameter from an HF state dict; missing, unexpected and mis-shaped keys are
+  // reported at once in one titan::Error naming `where`.
+  virtual void load_hf(const TensorSource& src, const std::string& where) = 0;
+  // config.json for this model, starting from `base` (the source model's, or empty) so that
+  // fields titan does not model are kept; dtype is the export dtype's torch name.
+  virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;
+};
+
+}  // namespace titan::models

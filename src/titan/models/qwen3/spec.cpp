@@ -1,0 +1,104 @@
+#include "titan/models/qwen3/spec.h"
+
+#include <cstdio>
+
+#include "titan/core/error.h"
+#include "titan/models/qwen3/hf_config.h"
+#include "titan/models/qwen3/model.h"
+#include "titan/models/qwen3/modules.h"
+
+namespace titan::qwen3 {
+
+Qwen3Args args_from_config(const config::JobConfig& c) {
+  Qwen3Args a = c.model.hf_assets_path.empty() ? flavor(c.model.flavor)
+                                               : args_from_hf_config(c.model.hf_assets_path);
+  auto over = [](int64_t v, int64_t& dst) {
+    if (v != 0) dst = v;
+  };
+  over(c.model.n_layers, a.n_layers);
+  over(c.model.dim, a.dim);
+  over(c.model.n_heads, a.n_heads);
+  over(c.model.n_kv_heads, a.n_kv_heads);
+  over(c.model.head_dim, a.head_dim);
+  over(c.model.hidden_dim, a.hidden_dim);
+  over(c.model.vocab_size, a.vocab_size);
+  if (c.model.rope_theta != 0) a.rope_theta = c.model.rope_theta;
+  a.attn_mask_type = c.model.attn_mask_type;
+  if (c.model.num_experts != 0 || c.model.top_k != 0 || c.model.moe_hidden_dim != 0)
+    check(
+        a.is_moe() || (c.model.num_experts > 0 && c.model.top_k > 0 && c.model.moe_hidden_dim > 0),
+        "model.num_experts/top_k/moe_hidden_dim apply to MoE models; pick an MoE flavor "
+        "(debugmodel_moe, 30B-A3B, 235B-A22B) or set all three");
+  over(c.model.num_experts, a.num_experts);
+  over(c.model.top_k, a.top_k);
+  over(c.model.moe_hidden_dim, a.moe_hidden_dim);
+  if (c.model.load_balance_coeff >= 0) a.load_balance_coeff = c.model.load_balance_coeff;
+  if (c.model.router_aux_loss) a.router_aux_loss = true;
+  if (c.model.router_aux_loss_coef >= 0) a.router_aux_loss_coef = c.model.router_aux_loss_coef;
+  a.validate();
+  return a;
+}
+
+namespace {
+
+void validate(const config::JobConfig& c) {
+  const Qwen3Args a = args_from_config(c);
+  const int64_t seq_len = c.training.seq_len;
+  const std::string source = c.model.hf_assets_path.empty()
+                                 ? "flavor '" + c.model.flavor + "'"
+                                 : c.model.hf_assets_path + "/config.json";
+  check(seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(seq_len) +
+                                      " exceeds the maximum context of " + source + " (" +
+                                      std::to_string(a.max_seq_len) + ")");
+}
+
+std::string describe(const config::JobConfig& c) {
+  const Qwen3Args a = args_from_config(c);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "\n# resolved model\n# vocab_size=%lld dim=%lld n_layers=%lld n_heads=%lld "
+                "n_kv_heads=%lld head_dim=%lld hidden_dim=%lld rope_theta=%g max_seq_len=%lld "
+                "tie_embeddings=%s attn_mask_type=%s\n",
+                static_cast<long long>(a.vocab_size), static_cast<long long>(a.dim),
+                static_cast<long long>(a.n_layers), static_cast<long long>(a.n_heads),
+                static_cast<long long>(a.n_kv_heads), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.hidden_dim), a.rope_theta,
+                static_cast<long long>(a.max_seq_len), a.tie_embeddings ? "true" : "false",
+                a.attn_mask_type.c_str());
+  std::string out = buf;
+  if (a.is_moe()) {
+    std::snprintf(buf, sizeof buf,
+                  "# num_experts=%lld top_k=%lld moe_hidden_dim=%lld moe_layers=%lld "
+                  "norm_topk_prob=%s router_aux_loss=%s router_aux_loss_coef=%g "
+                  "load_balance_coeff=%g\n",
+                  static_cast<long long>(a.num_experts), static_cast<long long>(a.top_k),
+                  static_cast<long long>(a.moe_hidden_dim),
+                  static_cast<long long>(a.n_moe_layers()), a.norm_topk_prob ? "true" : "false",
+                  a.router_aux_loss ? "true" : "false", a.router_aux_loss_coef,
+                  a.load_balance_coeff);
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace
+
+models::ModelSpec model_spec() {
+  models::ModelSpec s;
+  s.name = "qwen3";
+  s.validate = validate;
+  s.describe = describe;
+  s.module_tree = [](const config::JobConfig& c, int64_t seq_len) {
+    return build_module_tree(args_from_config(c), seq_len);
+  };
+  s.build = [](const config::JobConfig& c, config::ModuleNode& tree,
+               const models::BuildOptions& o) -> std::unique_ptr<models::Model> {
+    const Qwen3Args a = args_from_config(c);
+    return std::make_unique<Qwen3Model>(a, o.batch, o.seq_len, o.loss_chunks,
+                                        rope_plan(tree, a, o.seq_len),
+                                        experts_plan(tree, a, o.batch * o.seq_len));
+  };
+  return s;
+}
+
+}  // namespace titan::qwen3

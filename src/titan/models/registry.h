@@ -1,0 +1,57 @@
+// Models by model.name (torchtitan's model registry / ModelSpec) and the one build function
+// every command uses: module tree -> overrides (--override.imports) -> op plans -> model -> init.
+// Adding a model is a folder under models/ plus one line in registry.cpp.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "titan/config/job_config.h"
+#include "titan/config/module_tree.h"
+#include "titan/models/model.h"
+
+namespace titan::models {
+
+// What to build: microbatch capacity and the init.
+struct BuildOptions {
+  int64_t batch = 1;    // rows per microbatch
+  int64_t seq_len = 1;  // tokens per row
+  int64_t loss_chunks = 8;
+  bool init = true;  // seeded random init (off when weights are loaded right after)
+  uint64_t seed = 0;
+};
+
+struct ModelSpec {
+  std::string name;
+  // Checks the model section of a config (the architecture it resolves to, the sequence length
+  // against its context); throws titan::Error naming the field.
+  std::function<void(const config::JobConfig&)> validate;
+  // The resolved architecture, as '# ...' lines for `titan config show` / debug.print_config.
+  std::function<std::string(const config::JobConfig&)> describe;
+  // The module config tree for cfg, before overrides (root path "model").
+  std::function<std::shared_ptr<config::ModuleNode>(const config::JobConfig&, int64_t seq_len)>
+      module_tree;
+  // The model from its (overridden) module tree.
+  std::function<std::unique_ptr<Model>(const config::JobConfig&, config::ModuleNode& tree,
+                                       const BuildOptions&)>
+      build;
+};
+
+// The spec registered under `name`; throws titan::Error listing the models there are.
+const ModelSpec& model_spec(const std::string& name);
+std::vector<std::string> model_names();
+
+// model_spec(cfg.model.name).validate(cfg).
+void validate_model_config(const config::JobConfig& cfg);
+
+// The module tree with the overrides of cfg.override_.imports applied (plugins loaded first);
+// logs one line per replaced node.
+std::shared_ptr<config::ModuleNode> overridden_module_tree(const config::JobConfig& cfg,
+                                                           int64_t seq_len);
+
+// The model for cfg: overridden module tree, ops per layer, buffers for `opt` microbatches,
+// seeded init when opt.init.
+std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOptions& opt);
+
+}  // namespace titan::models
