@@ -1,5 +1,7 @@
 // The safetensors checkpoint format (Hugging Face): reading memory-mapped files and sharded sets,
-// writing single files and sharded exports, and the fp32 <-> F16/BF16 storage conversions.
+// writing single files and sharded exports. The element types (DType, dtype_size, dtype_name,
+// parse_dtype) and the fp32 <-> F16/BF16 conversions (f32_to, to_f32) are titan:: names from
+// core/dtype.h, found unqualified inside titan::ckpt.
 //
 // A file is [u64 little-endian N][N bytes of JSON header, UTF-8][data buffer]. The header maps
 // each tensor name to {"dtype", "shape", "data_offsets": [begin, end)}, offsets relative to the
@@ -14,33 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "titan/core/dtype.h"
 #include "titan/core/tensor_source.h"
 
 namespace titan::ckpt {
-
-enum class DType {
-  BOOL,
-  U8,
-  I8,
-  I16,
-  U16,
-  F16,
-  BF16,
-  I32,
-  U32,
-  F32,
-  F64,
-  I64,
-  U64,
-  F8_E4M3,
-  F8_E5M2
-};
-
-// Bytes per element, and the header spelling ("BF16", ...).
-size_t dtype_size(DType dt);
-const char* dtype_name(DType dt);
-// The inverse of dtype_name. Throws titan::Error for a string that is not one of the above.
-DType parse_dtype(const std::string& s);
 
 // One tensor inside a mapped file. `data` points into the mapping (no alignment guaranteed) and
 // stays valid while the SafetensorsFile / SafetensorsSet that owns it is alive.
@@ -139,11 +118,5 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
 // removed. A failure before the renames leaves the earlier export untouched.
 void write_model(const std::string& dir, const std::vector<WriteTensor>& tensors,
                  int64_t max_shard_bytes, std::map<std::string, std::string> metadata = {});
-
-// fp32 -> storage, dt in {F32, F16, BF16}: BF16 and F16 round to nearest even; NaN stays NaN
-// (quiet, sign kept); F16 handles subnormals and overflows to inf. dst need not be aligned.
-void f32_to(DType dt, const float* src, int64_t n, void* dst);
-// storage -> fp32, dt in {F32, F16, BF16, F64} (F64 rounds to nearest). src need not be aligned.
-void to_f32(DType dt, const void* src, int64_t n, float* dst);
 
 }  // namespace titan::ckpt

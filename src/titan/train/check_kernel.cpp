@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "titan/core/dtype.h"
 #include "titan/core/log.h"
 #include "titan/models/qwen3/modules.h"
 #include "titan/models/qwen3/spec.h"
@@ -23,14 +24,6 @@ struct Shape {
   int64_t B, S, H, d, ld;
   const char* what;
 };
-
-float to_bf16_value(float x) {  // round to nearest even bf16, back to fp32
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 struct Diff {
   double abs = 0, rel = 0;
@@ -74,7 +67,7 @@ bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp
   std::mt19937 rng(99);
   std::normal_distribution<float> nd;
   auto fill = [&](std::vector<float>& v, float scale) {
-    for (auto& x : v) x = bf16 ? to_bf16_value(scale * nd(rng)) : scale * nd(rng);
+    for (auto& x : v) x = bf16 ? round_to_bf16(scale * nd(rng)) : scale * nd(rng);
   };
   const size_t T = static_cast<size_t>(s.T), D = static_cast<size_t>(s.D),
                F = static_cast<size_t>(s.F), E = static_cast<size_t>(s.E),
@@ -173,8 +166,8 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
         std::normal_distribution<float> nd;
         const size_t n = static_cast<size_t>(sh.B * sh.S * sh.ld);
         std::vector<float> x(n), dy(n);
-        for (auto& v : x) v = bf16 ? to_bf16_value(nd(rng)) : nd(rng);
-        for (auto& v : dy) v = bf16 ? to_bf16_value(nd(rng)) : nd(rng);
+        for (auto& v : x) v = bf16 ? round_to_bf16(nd(rng)) : nd(rng);
+        for (auto& v : dy) v = bf16 ? round_to_bf16(nd(rng)) : nd(rng);
         std::vector<int32_t> pos(static_cast<size_t>(sh.B * sh.S));
         for (int64_t t = 0; t < sh.B * sh.S; ++t) pos[t] = static_cast<int32_t>((t % sh.S) % S);
         auto run = [&](const ops::RopeOp& op, std::vector<float> in, bool fwd) {

@@ -6,6 +6,7 @@
 
 #include "titan/checkpoint/checkpointer.h"
 #include "titan/checkpoint/safetensors.h"
+#include "titan/core/dtype.h"
 #include "titan/core/error.h"
 #include "titan/data/dataset.h"
 #include "titan/data/packed_loader.h"
@@ -19,11 +20,11 @@ std::vector<int32_t> read_ids(const ckpt::TensorView& t, const std::string& file
   check(t.shape.size() == 2, file + ": tensor '" + t.name + "' must be 2-D [batch, seq]");
   std::vector<int32_t> ids(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (t.dtype == ckpt::DType::I64) {
+    if (t.dtype == DType::I64) {
       int64_t v;
       std::memcpy(&v, t.data + 8 * i, 8);
       ids[i] = static_cast<int32_t>(v);
-    } else if (t.dtype == ckpt::DType::I32) {
+    } else if (t.dtype == DType::I32) {
       std::memcpy(&ids[i], t.data + 4 * i, 4);
     } else {
       throw Error(file + ": tensor '" + t.name + "' must be I64 or I32");
@@ -94,9 +95,8 @@ EvalResult evaluate(const config::JobConfig& cfg) {
       std::vector<float> logits(static_cast<size_t>(T * V));
       m->forward_logits(batch, logits.data());
       std::vector<int64_t> ids64(input.begin(), input.end());
-      ckpt::write_file(cfg.eval.logits_out,
-                       {{"input_ids", ckpt::DType::I64, {B, S}, ids64.data()},
-                        {"logits", ckpt::DType::F32, {B, S, V}, logits.data()}});
+      ckpt::write_file(cfg.eval.logits_out, {{"input_ids", DType::I64, {B, S}, ids64.data()},
+                                             {"logits", DType::F32, {B, S, V}, logits.data()}});
     }
   } else {
     const auto& t = cfg.training;
