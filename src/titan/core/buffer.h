@@ -1,72 +1,119 @@
-// An owned, 64-byte aligned, zero-initialized float/int buffer. Allocated once at build time;
-// the training step only takes views into buffers that already exist.
+// Owned memory for tensors. Storage is the untyped owner: nbytes bytes on a device (CPU only for
+// now), 64-byte aligned, zero-initialized, the allocation padded to a multiple of 64 bytes.
+// Buffer<T> is a typed float/int buffer over one Storage; Arena is a bump allocator over one.
+// Allocated once at build time; the training step only takes views into buffers that already
+// exist.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <utility>
+
+#include "titan/core/device.h"
 
 namespace titan {
 
+class Storage {
+ public:
+  Storage() = default;
+  explicit Storage(size_t nbytes) { resize(nbytes); }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  Storage(Storage&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)) {}
+  Storage& operator=(Storage&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(nbytes_, o.nbytes_);
+    return *this;
+  }
+  ~Storage() { std::free(p_); }
+
+  // Reallocates to nbytes zeroed bytes (old contents dropped; freed before the new allocation).
+  // The allocation is padded to a multiple of 64 bytes, the padding zeroed too. Throws
+  // std::bad_alloc on failure, leaving the storage empty.
+  void resize(size_t nbytes) {
+    std::free(p_);
+    p_ = nullptr;
+    nbytes_ = 0;
+    if (nbytes == 0) return;
+    size_t padded = (nbytes + 63) / 64 * 64;
+    p_ = std::aligned_alloc(64, padded);
+    if (!p_) throw std::bad_alloc();
+    std::memset(p_, 0, padded);
+    nbytes_ = nbytes;
+  }
+  // Zeroes the first nbytes() bytes (not the padding).
+  void zero() {
+    if (nbytes_) std::memset(p_, 0, nbytes_);
+  }
+  void* data() { return p_; }
+  const void* data() const { return p_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return Device::CPU; }
+
+ private:
+  void* p_ = nullptr;
+  size_t nbytes_ = 0;
+};
+
+// n elements of T in one Storage. T is a trivially copyable element type (float, int32_t, ...).
 template <typename T>
 class Buffer {
+  static_assert(std::is_trivially_copyable_v<T>);
+
  public:
   Buffer() = default;
   explicit Buffer(int64_t n) { resize(n); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~Buffer() { std::free(p_); }
+  Buffer(Buffer&& o) noexcept = default;
+  Buffer& operator=(Buffer&& o) noexcept = default;  // swaps, as Storage does
 
   // Reallocates to n zeroed elements (old contents dropped).
-  void resize(int64_t n) {
-    std::free(p_);
-    p_ = nullptr;
-    n_ = n;
-    if (n == 0) return;
-    size_t bytes = (static_cast<size_t>(n) * sizeof(T) + 63) / 64 * 64;
-    p_ = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (!p_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(p_), 0, bytes);
-  }
-  void zero() {
-    if (n_) std::memset(static_cast<void*>(p_), 0, static_cast<size_t>(n_) * sizeof(T));
-  }
-  T* data() { return p_; }
-  const T* data() const { return p_; }
-  int64_t size() const { return n_; }
-  T& operator[](int64_t i) { return p_[i]; }
-  const T& operator[](int64_t i) const { return p_[i]; }
+  void resize(int64_t n) { s_.resize(static_cast<size_t>(n) * sizeof(T)); }
+  void zero() { s_.zero(); }
+  T* data() { return static_cast<T*>(s_.data()); }
+  const T* data() const { return static_cast<const T*>(s_.data()); }
+  int64_t size() const { return static_cast<int64_t>(s_.nbytes() / sizeof(T)); }
+  T& operator[](int64_t i) { return data()[i]; }
+  const T& operator[](int64_t i) const { return data()[i]; }
+  const Storage& storage() const { return s_; }
+  Device device() const { return s_.device(); }
 
  private:
-  T* p_ = nullptr;
-  int64_t n_ = 0;
+  Storage s_;
 };
 
-// Bump allocator over one Buffer: carve views at build time, reset per phase.
+// Bump allocator over one Storage: carve views at build time, reset per phase. Every take starts
+// 64-byte aligned (16 floats); a take past the reserved size throws std::bad_alloc.
 class Arena {
  public:
-  void reserve(int64_t floats) { buf_.resize(floats); }
-  float* take(int64_t n) {
-    int64_t aligned = (n + 15) / 16 * 16;
-    if (used_ + aligned > buf_.size()) throw std::bad_alloc();
-    float* p = buf_.data() + used_;
-    used_ += aligned;
+  void reserve(int64_t floats) { buf_.resize(static_cast<size_t>(floats) * sizeof(float)); }
+  // n elements of T, the size rounded up to a multiple of 64 bytes.
+  template <typename T>
+  T* take_as(int64_t n) {
+    static_assert(64 % sizeof(T) == 0, "an element must tile the 64-byte alignment");
+    constexpr int64_t per = 64 / static_cast<int64_t>(sizeof(T));
+    constexpr int64_t size = static_cast<int64_t>(sizeof(T));
+    const int64_t aligned = (n + per - 1) / per * per;
+    if (aligned > (static_cast<int64_t>(buf_.nbytes()) - used_) / size) throw std::bad_alloc();
+    T* p = reinterpret_cast<T*>(static_cast<uint8_t*>(buf_.data()) + used_);
+    used_ += aligned * size;
     return p;
   }
-  int64_t used() const { return used_; }
+  float* take(int64_t n) { return take_as<float>(n); }
+  // In floats, as reserve() counts.
+  int64_t used() const { return used_ / static_cast<int64_t>(sizeof(float)); }
+  int64_t used_bytes() const { return used_; }
   void reset() { used_ = 0; }
+  Device device() const { return buf_.device(); }
 
  private:
-  Buffer<float> buf_;
-  int64_t used_ = 0;
+  Storage buf_;
+  int64_t used_ = 0;  // bytes
 };
 
 }  // namespace titan

@@ -1,0 +1,183 @@
+// core/buffer.h: Storage alignment, zeroing and padding; Buffer<T> over it; Arena alignment,
+// accounting and overflow.
+#include "titan/core/buffer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <new>
+#include <utility>
+
+namespace titan {
+namespace {
+
+bool aligned64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
+// The allocation is padded to 64 bytes; every byte of it, padding included, starts zero.
+bool all_zero(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i)
+    if (b[i] != 0) return false;
+  return true;
+}
+
+TEST(Storage, EmptyByDefault) {
+  Storage s;
+  EXPECT_EQ(s.data(), nullptr);
+  EXPECT_EQ(s.nbytes(), 0u);
+  EXPECT_EQ(s.device(), Device::CPU);
+  s.zero();
+  s.resize(0);
+  EXPECT_EQ(s.data(), nullptr);
+}
+
+TEST(Storage, AlignedZeroedPadded) {
+  for (size_t n : {1, 63, 64, 65, 100, 4096, 100001}) {
+    Storage s(n);
+    EXPECT_EQ(s.nbytes(), n);
+    EXPECT_TRUE(aligned64(s.data())) << n;
+    EXPECT_TRUE(all_zero(s.data(), (n + 63) / 64 * 64)) << n;
+  }
+}
+
+TEST(Storage, ResizeAndZero) {
+  Storage s(100);
+  auto* b = static_cast<uint8_t*>(s.data());
+  for (int i = 0; i < 100; ++i) b[i] = 0xAB;
+  s.zero();
+  EXPECT_TRUE(all_zero(s.data(), 100));
+  for (int i = 0; i < 100; ++i) b[i] = 0xAB;
+  s.resize(200);
+  EXPECT_EQ(s.nbytes(), 200u);
+  EXPECT_TRUE(aligned64(s.data()));
+  EXPECT_TRUE(all_zero(s.data(), 256));
+}
+
+TEST(Storage, MoveLeavesSourceEmpty) {
+  Storage a(10);
+  void* p = a.data();
+  Storage b(std::move(a));
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(b.nbytes(), 10u);
+  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.nbytes(), 0u);
+  Storage c(20);
+  void* q = c.data();
+  c = std::move(b);
+  EXPECT_EQ(c.data(), p);
+  EXPECT_EQ(b.data(), q);  // swapped, freed with b
+}
+
+TEST(Storage, AllocationFailureThrowsBadAlloc) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on an impossible allocation";
+#else
+  Storage s(16);
+  EXPECT_THROW(s.resize(size_t{1} << 62), std::bad_alloc);
+  EXPECT_EQ(s.data(), nullptr);
+  EXPECT_EQ(s.nbytes(), 0u);
+#endif
+}
+
+TEST(Buffer, TypedView) {
+  Buffer<float> f(5);
+  EXPECT_EQ(f.size(), 5);
+  EXPECT_EQ(f.storage().nbytes(), 5 * sizeof(float));
+  EXPECT_EQ(f.device(), Device::CPU);
+  EXPECT_TRUE(aligned64(f.data()));
+  EXPECT_TRUE(all_zero(f.data(), 64));
+  for (int64_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i + 1);
+  EXPECT_EQ(f.data()[4], 5.0f);
+  f.zero();
+  for (int64_t i = 0; i < f.size(); ++i) EXPECT_EQ(f[i], 0.0f);
+  f[0] = 1.0f;
+  f.resize(3);
+  EXPECT_EQ(f.size(), 3);
+  EXPECT_EQ(f[0], 0.0f);
+
+  Buffer<int32_t> i32(17);
+  EXPECT_EQ(i32.size(), 17);
+  EXPECT_TRUE(all_zero(i32.data(), 128));
+  Buffer<uint8_t> u8(1);
+  EXPECT_EQ(u8.size(), 1);
+  EXPECT_TRUE(aligned64(u8.data()));
+  EXPECT_TRUE(all_zero(u8.data(), 64));
+
+  Buffer<float> empty;
+  EXPECT_EQ(empty.size(), 0);
+  EXPECT_EQ(empty.data(), nullptr);
+  empty.zero();
+}
+
+TEST(Buffer, MoveSwaps) {
+  Buffer<float> a(4), b(8);
+  a[0] = 1.0f;
+  b[0] = 2.0f;
+  a = std::move(b);
+  EXPECT_EQ(a.size(), 8);
+  EXPECT_EQ(a[0], 2.0f);
+  EXPECT_EQ(b.size(), 4);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b[0], 1.0f);
+  Buffer<float> c(std::move(a));
+  EXPECT_EQ(c.size(), 8);
+  EXPECT_EQ(a.size(), 0);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.data(), nullptr);
+}
+
+TEST(Arena, TakesAre64ByteAligned) {
+  Arena a;
+  a.reserve(100);
+  EXPECT_EQ(a.device(), Device::CPU);
+  float* p0 = a.take(1);
+  EXPECT_TRUE(aligned64(p0));
+  EXPECT_TRUE(all_zero(p0, 100 * sizeof(float)));
+  EXPECT_EQ(a.used(), 16);
+  float* p1 = a.take(17);
+  EXPECT_EQ(p1, p0 + 16);
+  EXPECT_EQ(a.used(), 48);
+  EXPECT_EQ(a.used_bytes(), 48 * 4);
+  float* p2 = a.take(0);
+  EXPECT_EQ(p2, p0 + 48);
+  EXPECT_EQ(a.used(), 48);
+  float* p3 = a.take(48);  // exactly up to 96 of 100
+  EXPECT_EQ(p3, p0 + 48);
+  EXPECT_EQ(a.used(), 96);
+  EXPECT_THROW(a.take(1), std::bad_alloc);  // would need 112
+  EXPECT_EQ(a.used(), 96);
+  a.reset();
+  EXPECT_EQ(a.used(), 0);
+  EXPECT_EQ(a.take(100 - 4), p0);  // 96 floats
+  a.reset();
+  EXPECT_THROW(a.take(97), std::bad_alloc);  // rounds to 112 > 100
+  EXPECT_EQ(a.take(96), p0);
+}
+
+TEST(Arena, ExactFitAndUnreserved) {
+  Arena a;
+  EXPECT_EQ(a.take(0), nullptr);
+  EXPECT_THROW(a.take(1), std::bad_alloc);
+  a.reserve(32);
+  float* p = a.take(16);
+  EXPECT_EQ(a.take(16), p + 16);
+  EXPECT_EQ(a.used(), 32);
+  EXPECT_THROW(a.take(1), std::bad_alloc);
+}
+
+TEST(Arena, TypedTakes) {
+  Arena a;
+  a.reserve(64);                     // 256 bytes
+  auto* h = a.take_as<uint16_t>(1);  // 64 bytes
+  EXPECT_TRUE(aligned64(h));
+  EXPECT_EQ(a.used_bytes(), 64);
+  EXPECT_EQ(a.used(), 16);
+  auto* d = a.take_as<double>(9);  // 72 -> 128 bytes
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(d), reinterpret_cast<uint8_t*>(h) + 64);
+  EXPECT_EQ(a.used_bytes(), 192);
+  auto* i = a.take_as<int32_t>(16);
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(i), reinterpret_cast<uint8_t*>(h) + 192);
+  EXPECT_EQ(a.used(), 64);
+  EXPECT_THROW(a.take_as<uint8_t>(1), std::bad_alloc);
+}
+
+}  // namespace
+}  // namespace titan
