@@ -74,6 +74,7 @@ cleanup() {
   local rc=$? i
   trap - EXIT INT TERM HUP
   set +e
+  local t_clean=$SECONDS
   if [ -n "$root" ] && signal_root TERM; then
     sleep 2
     signal_root KILL && sleep 1
@@ -93,6 +94,7 @@ cleanup() {
   if [ ${#summary[@]} -gt 0 ]; then
     say "summary (seconds per phase)"
     for i in "${summary[@]}"; do echo "   $i"; done
+    printf '   %5ds  %s\n' $((SECONDS - t_clean)) "cleanup: unmount, delete the per-run copy"
   fi
   if [ "$rc" -ne 0 ]; then
     if [ -n "$phase" ]; then
@@ -163,6 +165,10 @@ ok
 mkdir -p "$(dirname "$cache")" "$workdir"
 exec 9> "$cache.lock"
 flock 9
+for d in "$cache".tmp.*; do # left by a run that was killed while it ran debootstrap
+  if [ -d "$d" ] && [ -z "$(mounted_under "$d")" ]; then rm -rf --one-file-system "$d"; fi
+  if [ -f "$d" ]; then rm -f "$d"; fi
+done
 if [ -d "$cache" ]; then
   begin "pristine root: cached in $cache"
 else
