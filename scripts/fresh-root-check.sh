@@ -74,7 +74,7 @@ cleanup() {
   local rc=$? i
   trap - EXIT INT TERM HUP
   set +e
-  local t_clean=$SECONDS
+  local t_clean=$SECONDS t_phase=$((SECONDS - phase_t0))
   if [ -n "$root" ] && signal_root TERM; then
     sleep 2
     signal_root KILL && sleep 1
@@ -98,7 +98,7 @@ cleanup() {
   fi
   if [ "$rc" -ne 0 ]; then
     if [ -n "$phase" ]; then
-      say "FAILED in [$phase] after $((SECONDS - phase_t0))s (exit $rc); total $((SECONDS - t_start))s" >&2
+      say "FAILED in [$phase] after ${t_phase}s (exit $rc); total $((SECONDS - t_start))s" >&2
     else
       say "FAILED (exit $rc); total $((SECONDS - t_start))s" >&2
     fi
