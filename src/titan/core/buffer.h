@@ -92,6 +92,7 @@ class Buffer {
 class Arena {
  public:
   void reserve(int64_t floats) { buf_.resize(static_cast<size_t>(floats) * sizeof(float)); }
+  void reserve_bytes(int64_t bytes) { buf_.resize(static_cast<size_t>(bytes)); }
   // n elements of T, the size rounded up to a multiple of 64 bytes.
   template <typename T>
   T* take_as(int64_t n) {

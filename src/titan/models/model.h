@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "titan/core/dtype.h"
 #include "titan/core/tensor_source.h"
 #include "titan/ops/loss.h"
 
@@ -58,6 +59,27 @@ struct ExpertLoad {
   const std::vector<double>* tokens = nullptr;  // [experts]
 };
 
+// One entry of a model's size table (llm.c's activation table): an activation saved for the
+// backward (per layer, or layer -1 for the head) or a workspace shared by the layers, for the
+// largest microbatch. Allocation, carving and the memory plan read the same table; activation
+// checkpointing will decide from it what to keep.
+struct TensorSize {
+  std::string name;
+  int64_t layer = -1;
+  bool saved = true;  // false: a workspace
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return n;
+  }
+  // Bytes as an arena takes them: rounded up to 64 (core/buffer.h).
+  int64_t aligned_bytes() const {
+    return (numel() * static_cast<int64_t>(dtype_size(dtype)) + 63) / 64 * 64;
+  }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -93,6 +115,9 @@ class Model {
   // ---- FLOPs (torchtitan's formula) for MFU
   virtual double flops_per_token(int64_t seq_len) const = 0;
   virtual int64_t num_flop_params() const = 0;
+
+  // ---- memory
+  virtual const std::vector<TensorSize>& activation_table() const = 0;
 
   // ---- step hooks and statistics
   // End of an optimizer step, before the update (torchtitan's optimizer pre-step hooks).

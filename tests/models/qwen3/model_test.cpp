@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <new>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "titan/core/rng.h"
@@ -141,6 +142,34 @@ TEST(Qwen3Model, ParameterNamesAndCount) {
   EXPECT_TRUE(m.param("lm_head.weight").alias);
   // torchtitan.md §3.2: FLOPs/token of debugmodel at seq 2048.
   EXPECT_DOUBLE_EQ(m.flops_per_token(2048), 594580992.0);
+}
+
+// The size table lists every saved activation and workspace once, with the shapes the kernels
+// use; the arenas hold exactly what it adds up to.
+TEST(Qwen3Model, SizeTableDeclaresEveryActivationOnce) {
+  const Qwen3Args a = tiny(false);
+  const int64_t B = 2, S = 12, T = B * S;
+  Qwen3Model m(a, B, S);
+  const auto& table = m.activation_table();
+  std::set<std::pair<std::string, int64_t>> seen;
+  int64_t per_layer = 0;
+  for (const auto& t : table) {
+    EXPECT_TRUE(seen.insert({t.name, t.layer}).second) << t.name << " twice";
+    per_layer += t.layer == 0;
+    EXPECT_GT(t.aligned_bytes(), 0) << t.name;
+    EXPECT_EQ(t.aligned_bytes() % 64, 0);
+  }
+  EXPECT_EQ(per_layer, 15);  // 13 attention-side tensors + the SwiGLU's two
+  auto find = [&](const std::string& name, int64_t layer) {
+    for (const auto& t : table)
+      if (t.name == name && t.layer == layer) return t;
+    ADD_FAILURE() << name;
+    return models::TensorSize{};
+  };
+  EXPECT_EQ(find("attention.qkv", 1).shape, (std::vector<int64_t>{T, a.qkv_dim()}));
+  EXPECT_EQ(find("feed_forward.w13", 0).shape, (std::vector<int64_t>{T, 2 * a.hidden_dim}));
+  EXPECT_FALSE(find("grad.x", -1).saved);
+  EXPECT_TRUE(find("norm.rstd", -1).saved);
 }
 
 TEST(Qwen3Model, InitIsSeededAndNearLnVocab) {

@@ -223,6 +223,26 @@ std::vector<std::string> docs() {
   return d;
 }
 
+// MoE layers declare the router's tensors (int32 routing indices) and the experts op's saved
+// state in the size table instead of the SwiGLU's.
+TEST(Qwen3Moe, SizeTableHasTheRouterAndExpertsState) {
+  const Qwen3Args a = tiny_moe();
+  Qwen3Model m(a, 1, 8);
+  int64_t indices = 0, experts = 0, swiglu = 0;
+  for (const auto& t : m.activation_table()) {
+    if (t.name == "moe.router.indices") {
+      EXPECT_EQ(t.dtype, DType::I32);
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{8, a.top_k}));
+      ++indices;
+    }
+    experts += t.name == "moe.experts.saved";
+    swiglu += t.name == "feed_forward.w13";
+  }
+  EXPECT_EQ(indices, a.n_moe_layers());
+  EXPECT_EQ(experts, a.n_moe_layers());
+  EXPECT_EQ(swiglu, a.n_layers - a.n_moe_layers());
+}
+
 config::JobConfig tiny_moe_job(const std::string& dump) {
   config::JobConfig c = titan::testing::tiny_model_job();
   c.model.flavor = "debugmodel_moe";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
@@ -46,8 +47,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   check(loss_chunks > 0, "loss chunks must be positive");
   loss_chunk_rows_ = std::max<int64_t>(1, (max_tokens_ + loss_chunks - 1) / loss_chunks);
   const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
-  const int64_t L = a_.n_layers, T = max_tokens_;
-  const int64_t E = a_.num_experts, K = a_.top_k, Fm = a_.moe_hidden_dim;
+  const int64_t L = a_.n_layers, E = a_.num_experts, Fm = a_.moe_hidden_dim;
 
   // ---- parameter layout
   int64_t off = 0;
@@ -108,92 +108,104 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   rope_.resize(max_seq * d);
   ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
   const int64_t n_moe = static_cast<int64_t>(load_.size());
-  const ops::ExpertsShape es{T, D, Fm, E, K};
   if (n_moe > 0) {
     if (experts_ops_.empty())
       experts_ops_.assign(static_cast<size_t>(L), ops::grouped_experts_op());
     check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
     expert_bias_.resize(n_moe * E);
     aux_dp_.assign(static_cast<size_t>(E), 0.0f);
-    idx_store_.resize((n_moe + 1) * T * K);
-    aux_idx_ = idx_store_.data() + n_moe * T * K;
   }
+  saved_.resize(static_cast<size_t>(L));
 
-  // ---- activations saved for the backward
+  // ---- the size table: every activation saved for the backward and every workspace, declared
+  // once; the arenas are sized from it and carved in its order.
+  std::vector<void**> slots;
+  declare_tensors(&slots);
+  int64_t bytes[2] = {0, 0};  // saved, work
+  for (const auto& t : sizes_) bytes[t.saved ? 0 : 1] += t.aligned_bytes();
+  acts_.reserve_bytes(bytes[0]);
+  work_.reserve_bytes(bytes[1]);
+  for (size_t i = 0; i < sizes_.size(); ++i) {
+    Arena& arena = sizes_[i].saved ? acts_ : work_;
+    *slots[i] = sizes_[i].dtype == DType::I32
+                    ? static_cast<void*>(arena.take_as<int32_t>(sizes_[i].numel()))
+                    : static_cast<void*>(arena.take_as<float>(sizes_[i].numel()));
+  }
+  seg_.resize(max_tokens_);
+}
+
+void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
+  const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
+  const int64_t L = a_.n_layers, T = max_tokens_;
+  const int64_t E = a_.num_experts, K = a_.top_k, Fm = a_.moe_hidden_dim;
   const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, QKV = a_.qkv_dim(), Q = a_.q_dim(),
                 KV = a_.kv_dim();
-  auto layer_floats = [&](int64_t l) {
-    int64_t n =
-        4 * T * D + 3 * T + T * QKV + T * Q + T * KV + T * Hq + T * Hkv + T * Q + T * Hq + 16 * 16;
-    if (a_.moe_layer(l)) return n + T * E + T * K + experts_ops_[l].saved_floats(es) + 16 * 4;
-    return n + 2 * T * F + T * F;
+  const ops::ExpertsShape es{T, D, Fm, E, K};
+  sizes_.clear();
+  auto add = [&](const std::string& name, int64_t layer, bool saved, std::vector<int64_t> shape,
+                 auto** dst) {
+    using T0 = std::remove_pointer_t<std::remove_pointer_t<decltype(dst)>>;
+    sizes_.push_back({name, layer, saved, std::is_same_v<T0, int32_t> ? DType::I32 : DType::F32,
+                      std::move(shape)});
+    slots->push_back(reinterpret_cast<void**>(dst));
   };
-  int64_t acts = 2 * T * D + T + 64;
-  for (int64_t l = 0; l < L; ++l) acts += layer_floats(l);
-  acts_.reserve(acts);
+  // Saved per layer (the forward's outputs the backward reads).
   for (int64_t l = 0; l < L; ++l) {
-    Saved s;
-    s.x = acts_.take(T * D);
-    s.xn1 = acts_.take(T * D);
-    s.rstd1 = acts_.take(T);
-    s.qkv = acts_.take(T * QKV);
-    s.qr = acts_.take(T * Q);
-    s.kr = acts_.take(T * KV);
-    s.rstd_q = acts_.take(T * Hq);
-    s.rstd_k = acts_.take(T * Hkv);
-    s.o = acts_.take(T * Q);
-    s.lse = acts_.take(T * Hq);
-    s.hmid = acts_.take(T * D);
-    s.xn2 = acts_.take(T * D);
-    s.rstd2 = acts_.take(T);
+    Saved& s = saved_[static_cast<size_t>(l)];
+    add("x", l, true, {T, D}, &s.x);  // the layer's input (residual stream)
+    add("attention_norm.out", l, true, {T, D}, &s.xn1);
+    add("attention_norm.rstd", l, true, {T}, &s.rstd1);
+    add("attention.qkv", l, true, {T, QKV}, &s.qkv);  // wq|wk|wv outputs
+    add("attention.q", l, true, {T, Q}, &s.qr);       // q after q_norm and RoPE
+    add("attention.k", l, true, {T, KV}, &s.kr);      // k after k_norm and RoPE
+    add("attention.q_norm.rstd", l, true, {T, Hq}, &s.rstd_q);
+    add("attention.k_norm.rstd", l, true, {T, Hkv}, &s.rstd_k);
+    add("attention.out", l, true, {T, Q}, &s.o);
+    add("attention.lse", l, true, {T, Hq}, &s.lse);
+    add("h", l, true, {T, D}, &s.hmid);  // x + attention
+    add("ffn_norm.out", l, true, {T, D}, &s.xn2);
+    add("ffn_norm.rstd", l, true, {T}, &s.rstd2);
     if (a_.moe_layer(l)) {
-      s.ab = s.g = nullptr;
-      s.probs = acts_.take(T * E);
-      s.rw = acts_.take(T * K);
-      s.experts = acts_.take(experts_ops_[l].saved_floats(es));
-      s.idx = idx_store_.data() + layers_[l].moe * T * K;
+      add("moe.router.probs", l, true, {T, E}, &s.probs);
+      add("moe.router.weights", l, true, {T, K}, &s.rw);
+      add("moe.experts.saved", l, true, {experts_ops_[l].saved_floats(es)}, &s.experts);
+      add("moe.router.indices", l, true, {T, K}, &s.idx);
     } else {
-      s.ab = acts_.take(2 * T * F);
-      s.g = acts_.take(T * F);
+      add("feed_forward.w13", l, true, {T, 2 * F}, &s.ab);
+      add("feed_forward.hidden", l, true, {T, F}, &s.g);
     }
-    saved_.push_back(s);
   }
-  h_final_ = acts_.take(T * D);
-  xf_ = acts_.take(T * D);
-  rstd_f_ = acts_.take(T);
-
-  // ---- work buffers shared by all layers
-  ops::AttnShape as{max_batch, max_seq, Hq, Hkv, d, 1.f, Q, KV, QKV};
-  const int64_t attn_scratch = ops::attention_workspace(as);
-  const int64_t norm_scratch = std::max(ops::rmsnorm_bwd_scratch({T, 1, D, D, D}),
-                                        ops::rmsnorm_bwd_scratch({T, Hq, d, QKV, Q}));
-  const int64_t loss_scratch = ops::lm_head_ce_scratch(T, V, loss_chunk_rows_);
-  int64_t experts_scratch = 0;  // the largest any layer's experts op asks for
-  for (int64_t l = 0; l < L; ++l)
-    if (a_.moe_layer(l))
-      experts_scratch = std::max(experts_scratch, experts_ops_[l].scratch_floats(es));
-  const int64_t moe_work = n_moe > 0 ? T * K + T * E + experts_scratch + 16 * 4 : 0;
-  work_.reserve(3 * T * D + T * QKV + T * Q + T * KV + T * Q + 2 * T * F + T * F + attn_scratch +
-                norm_scratch + T * Hq + loss_scratch + moe_work + 16 * 16);
-  tmp_ = work_.take(T * D);
-  dx_ = work_.take(T * D);
-  dxn_ = work_.take(T * D);
-  dqkv_ = work_.take(T * QKV);
-  dq_ = work_.take(T * Q);
-  dkr_ = work_.take(T * KV);
-  do_ = work_.take(T * Q);
-  dab_ = work_.take(2 * T * F);
-  dg_ = work_.take(T * F);
-  attn_scratch_ = work_.take(attn_scratch);
-  norm_scratch_ = work_.take(norm_scratch);
-  delta_ = work_.take(T * Hq);
-  loss_scratch_ = work_.take(loss_scratch);
-  if (n_moe > 0) {
-    dw_route_ = work_.take(T * K);
-    dlogits_ = work_.take(T * E);
-    experts_scratch_ = work_.take(experts_scratch);
+  add("h_final", -1, true, {T, D}, &h_final_);
+  add("norm.out", -1, true, {T, D}, &xf_);
+  add("norm.rstd", -1, true, {T}, &rstd_f_);
+  // Workspaces shared by all layers.
+  ops::AttnShape as{max_batch_, max_seq_, Hq, Hkv, d, 1.f, Q, KV, QKV};
+  add("tmp", -1, false, {T, D}, &tmp_);
+  add("grad.x", -1, false, {T, D}, &dx_);
+  add("grad.norm_in", -1, false, {T, D}, &dxn_);
+  add("grad.qkv", -1, false, {T, QKV}, &dqkv_);
+  add("grad.q", -1, false, {T, Q}, &dq_);
+  add("grad.k", -1, false, {T, KV}, &dkr_);
+  add("grad.attention_out", -1, false, {T, Q}, &do_);
+  add("grad.w13", -1, false, {T, 2 * F}, &dab_);
+  add("grad.hidden", -1, false, {T, F}, &dg_);
+  add("attention.scratch", -1, false, {ops::attention_workspace(as)}, &attn_scratch_);
+  add("rmsnorm.scratch", -1, false,
+      {std::max(ops::rmsnorm_bwd_scratch({T, 1, D, D, D}),
+                ops::rmsnorm_bwd_scratch({T, Hq, d, QKV, Q}))},
+      &norm_scratch_);
+  add("attention.delta", -1, false, {T, Hq}, &delta_);
+  add("loss.scratch", -1, false, {ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)}, &loss_scratch_);
+  if (!load_.empty()) {
+    int64_t experts_scratch = 0;  // the largest any layer's experts op asks for
+    for (int64_t l = 0; l < L; ++l)
+      if (a_.moe_layer(l))
+        experts_scratch = std::max(experts_scratch, experts_ops_[l].scratch_floats(es));
+    add("grad.routing_weights", -1, false, {T, K}, &dw_route_);
+    add("moe.router.logits", -1, false, {T, E}, &dlogits_);  // and their gradient
+    add("moe.experts.scratch", -1, false, {experts_scratch}, &experts_scratch_);
+    add("moe.aux.indices", -1, false, {T, K}, &aux_idx_);
   }
-  seg_.resize(T);
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std) {

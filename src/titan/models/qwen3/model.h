@@ -88,6 +88,7 @@ class Qwen3Model final : public models::Model {
   // Parameters counted in the FLOPs formula (N above): for MoE, experts count K/E of theirs
   // (active parameters).
   int64_t num_flop_params() const override;
+  const std::vector<models::TensorSize>& activation_table() const override { return sizes_; }
 
   // ---- Hugging Face adapter (state_dict_adapter.h, hf_config.h)
   std::vector<models::HfTensor> hf_tensors() const override;
@@ -115,6 +116,8 @@ class Qwen3Model final : public models::Model {
                    float* logits_out = nullptr);
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
+  // Fills sizes_ (the size table) and, per entry, the member pointer it is carved into.
+  void declare_tensors(std::vector<void**>* slots);
 
   Qwen3Args a_;
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
@@ -130,11 +133,11 @@ class Qwen3Model final : public models::Model {
   std::vector<std::vector<double>> load_;           // [n_moe][E]
   double aux_loss_ = 0;
   std::vector<float> aux_dp_;   // [E] the aux loss gradient w.r.t. every p[t,e]
-  Buffer<int32_t> idx_store_;   // routing indices, all MoE layers, + aux top-k scratch
   int32_t* aux_idx_ = nullptr;  // [T, K]
   float *dw_route_ = nullptr, *dlogits_ = nullptr, *experts_scratch_ = nullptr;
-  Arena acts_;                // saved activations, all layers
-  std::vector<Saved> saved_;  // per layer views into acts_
+  std::vector<models::TensorSize> sizes_;  // the size table
+  Arena acts_;                             // saved activations, all layers
+  std::vector<Saved> saved_;               // per layer views into acts_
   float *h_final_, *xf_, *rstd_f_;
   Arena work_;  // temporaries reused by every layer
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,
