@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Fails when a source folder includes a titan folder it must not (the layering of
+# ../shared/design/architecture.md): core <- ops <- models <- train / checkpoint; config knows no
+# model; the plugin ABI (plugin/plugin_api.h) depends on core, ops and config only.
+# usage: scripts/check-layering.sh   (from anywhere; prints each violation, exits 1 if any)
+set -euo pipefail
+cd "$(dirname "$0")/../src/titan"
+# folder (or file) -> titan folders it may include besides itself
+declare -A allowed=(
+  [core]=""
+  [ops]="core"
+  [config]="core"
+  [data]="core"
+  [optim]="core ops"
+  [plugin]="core ops config"
+  [models]="core ops config plugin"
+  [checkpoint]="core config models/model.h"
+  [train]="core ops config data optim plugin checkpoint models/model.h models/registry.h"
+  [cli]="*"
+  [builtins.cpp]="*"
+)
+# Deliberate exceptions, each with its reason.
+declare -A exceptions=(
+  # check-kernel compares the kernels of Qwen3's op plans on Qwen3's shapes.
+  [train/check_kernel.cpp]="models/qwen3"
+)
+bad=0
+while IFS= read -r f; do
+  top=${f%%/*}
+  rules=${allowed[$top]-}
+  [ "$rules" = "*" ] && continue
+  while IFS= read -r inc; do
+    target=${inc#titan/}
+    [ "${target%%/*}" = "$top" ] && continue
+    ok=0
+    for r in $rules ${exceptions[$f]-}; do
+      case "$target" in "$r"|"$r"/*) ok=1 ;; esac
+    done
+    if [ $ok = 0 ]; then
+      echo "layering: src/titan/$f includes $inc ($top/ may include: ${rules:-nothing outside core})"
+      bad=1
+    fi
+  done < <(sed -n 's/^#include "\(titan\/[^"]*\)".*/\1/p' "$f")
+done < <(find . -name '*.h' -o -name '*.cpp' -o -name '*.cu' | sed 's|^\./||' | sort)
+[ $bad = 0 ] && echo "layering: ok"
+exit $bad
