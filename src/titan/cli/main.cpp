@@ -10,6 +10,7 @@
 
 #include "titan/config/builtin_configs.h"
 #include "titan/config/job_config.h"
+#include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/core/log.h"
 #include "titan/data/token_shard.h"
@@ -18,6 +19,7 @@
 #include "titan/plugin/registry.h"
 #include "titan/train/check_kernel.h"
 #include "titan/train/evaluate.h"
+#include "titan/train/memory_plan.h"
 #include "titan/train/trainer.h"
 
 namespace {
@@ -27,6 +29,7 @@ const char* kUsage =
     "       titan eval --config NAME [--model.hf_assets_path DIR | --checkpoint.initial_load_path "
     "P]\n"
     "                  [--eval.tokens_path F.safetensors [--eval.logits_out OUT.safetensors]]\n"
+    "       titan plan --config NAME [flags]   (the memory the run needs, nothing allocated)\n"
     "       titan check-kernel --config NAME --override.imports LIB[,LIB] [flags]\n"
     "       titan tokenize --tokenizer DIR|byte --text TEXT [--bos_eos]\n"
     "       titan tokenize --tokenizer DIR|byte --input PATH --output F.bin [--dataset auto|text|\n"
@@ -186,6 +189,12 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   if (cmd == "tokenize") return tokenize(args);
+  if (cmd == "plan") {
+    titan::config::JobConfig cfg = build_config(args);
+    const titan::train::MemoryPlan plan = titan::train::plan_memory(cfg);
+    std::printf("%s", plan.format().c_str());
+    return plan.total() <= titan::cpu::total_memory_bytes() ? 0 : 1;
+  }
   if (cmd == "check-kernel") {
     titan::config::JobConfig cfg = build_config(args);
     return titan::train::check_kernels(cfg) ? 0 : 1;
@@ -206,7 +215,7 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   throw titan::Error("unknown command '" + cmd +
-                     "'; commands: train, eval, tokenize, check-kernel, config");
+                     "'; commands: train, eval, plan, tokenize, check-kernel, config");
 }
 
 }  // namespace

@@ -65,6 +65,7 @@ std::string describe() {
 int num_threads() { return omp_get_max_threads(); }
 int64_t total_memory_bytes() { return read_kib_field("/proc/meminfo", "MemTotal:"); }
 int64_t peak_rss_bytes() { return read_kib_field("/proc/self/status", "VmHWM:"); }
+int64_t current_rss_bytes() { return read_kib_field("/proc/self/status", "VmRSS:"); }
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

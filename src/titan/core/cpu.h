@@ -13,6 +13,7 @@ std::string describe();        // e.g. "AMD EPYC ... (avx2 fma)"
 int num_threads();             // OpenMP threads the kernels use
 int64_t total_memory_bytes();  // MemTotal
 int64_t peak_rss_bytes();      // VmHWM of this process
+int64_t current_rss_bytes();   // VmRSS of this process
 double now_seconds();          // monotonic clock
 
 }  // namespace titan::cpu

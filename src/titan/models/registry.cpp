@@ -37,19 +37,19 @@ void validate_model_config(const config::JobConfig& cfg) {
 }
 
 std::shared_ptr<config::ModuleNode> overridden_module_tree(const config::JobConfig& cfg,
-                                                           int64_t seq_len) {
+                                                           int64_t seq_len, bool log) {
   auto tree = model_spec(cfg.model.name).module_tree(cfg, seq_len);
   std::vector<std::string> imports = plugin::split_list(cfg.override_.imports);
   for (const auto& lib : imports) plugin::Registry::global().load(lib);
-  plugin::apply_overrides(tree, "model", imports);
+  plugin::apply_overrides(tree, "model", imports, plugin::Registry::global(), log);
   return tree;
 }
 
 std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOptions& opt) {
   const ModelSpec& spec = model_spec(cfg.model.name);
-  auto tree = overridden_module_tree(cfg, opt.seq_len);
+  auto tree = overridden_module_tree(cfg, opt.seq_len, opt.log_overrides);
   std::unique_ptr<Model> m = spec.build(cfg, *tree, opt);
-  if (opt.init) m->init_weights(opt.seed);
+  if (opt.init && opt.allocate) m->init_weights(opt.seed);
   return m;
 }
 

@@ -20,6 +20,8 @@ struct BuildOptions {
   int64_t loss_chunks = 8;
   bool init = true;  // seeded random init (off when weights are loaded right after)
   uint64_t seed = 0;
+  bool allocate = true;  // false: a plan-only model (params() and activation_table() only)
+  bool log_overrides = true;
 };
 
 struct ModelSpec {
@@ -48,7 +50,7 @@ void validate_model_config(const config::JobConfig& cfg);
 // The module tree with the overrides of cfg.override_.imports applied (plugins loaded first);
 // logs one line per replaced node.
 std::shared_ptr<config::ModuleNode> overridden_module_tree(const config::JobConfig& cfg,
-                                                           int64_t seq_len);
+                                                           int64_t seq_len, bool log = true);
 
 // The model for cfg: overridden module tree, ops per layer, buffers for `opt` microbatches,
 // seeded init when opt.init.

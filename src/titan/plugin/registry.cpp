@@ -163,7 +163,7 @@ void collect(const Override& ov, config::ModuleNode* node, config::ModuleNode* p
 
 OverrideReport apply_overrides(std::shared_ptr<config::ModuleNode>& root,
                                const std::string& root_fqn, const std::vector<std::string>& imports,
-                               const Registry& reg) {
+                               const Registry& reg, bool verbose) {
   OverrideReport rep;
   if (imports.empty()) return rep;
   std::set<std::string> origins(imports.begin(), imports.end());
@@ -198,10 +198,11 @@ OverrideReport apply_overrides(std::shared_ptr<config::ModuleNode>& root,
     slot = std::move(repl);
     rep.lines.push_back("[Override] " + c.ov->name + ": " + c.fqn + " " + old_type + " -> " +
                         slot->type);
-    log::info(rep.lines.back());
+    if (verbose) log::info(rep.lines.back());
     ++rep.replaced;
   }
   rep.lines.push_back("Applied " + std::to_string(rep.replaced) + " override(s)");
+  if (!verbose) return rep;
   log::info(rep.lines.back());
   if (rep.replaced == 0) {
     std::string list;

@@ -82,10 +82,11 @@ struct OverrideReport {
 // Applies the overrides registered by the libraries in `imports` (in registration order) to the
 // tree under `root` (whose path is root_fqn). Claims are collected on the unchanged tree first.
 // Throws titan::Error for two overrides on one node, one on an ancestor of another's node, or a
-// claim of the root. Logs each line; warns when imports are given but nothing is replaced.
+// claim of the root. Logs each line (when `verbose`); warns when imports are given but nothing is
+// replaced.
 OverrideReport apply_overrides(std::shared_ptr<config::ModuleNode>& root,
                                const std::string& root_fqn, const std::vector<std::string>& imports,
-                               const Registry& reg = Registry::global());
+                               const Registry& reg = Registry::global(), bool verbose = true);
 
 // Splits "a.so,b.so" (the --override.imports form).
 std::vector<std::string> split_list(const std::string& s);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
@@ -10,6 +11,7 @@
 #include "titan/data/dataset.h"
 #include "titan/models/registry.h"
 #include "titan/ops/gemm.h"
+#include "titan/train/memory_plan.h"
 
 namespace titan::train {
 
@@ -17,13 +19,17 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   config::validate(cfg_);
   models::validate_model_config(cfg_);
   const auto& t = cfg_.training;
-  // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model.
+  // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
+  // first a plan-only model (parameter list and size table, no storage) for the vocabulary and
+  // the memory plan, then, once the data is open and the plan fits, the model itself.
   models::BuildOptions bo;
   bo.batch = t.local_batch_size;
   bo.seq_len = t.seq_len;
   bo.loss_chunks = cfg_.loss.num_chunks;
   bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
-  model_ = models::build_model(cfg_, bo);
+  bo.allocate = false;
+  bo.log_overrides = false;
+  const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
   const int64_t dp = 1;  // data-parallel degree (single process for now)
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
   check(global % (t.local_batch_size * dp) == 0,
@@ -35,13 +41,13 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
       docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(cfg_.dataloader.tokenizer));
-  check_vocab_fits(*dataset, model_->vocab_size());
+  check_vocab_fits(*dataset, shape->vocab_size());
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);
     if (auto* text = dynamic_cast<const data::TextDocuments*>(dataset.get()))
       vs.loaded = text->tokenizer();  // load the tokenizer once
     auto vdocs = data::open_dataset(vs);
-    check_vocab_fits(*vdocs, model_->vocab_size());
+    check_vocab_fits(*vdocs, shape->vocab_size());
     validator_ = std::make_unique<Validator>(cfg_, std::move(vdocs));
   }
   data::LoaderOptions lo;
@@ -50,6 +56,14 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   lo.shuffle = cfg_.dataloader.shuffle;
   lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
+
+  // The memory plan, before anything large is allocated: refuse what cannot fit.
+  const MemoryPlan plan = plan_memory(cfg_, *shape);
+  std::istringstream lines(plan.format());
+  for (std::string line; std::getline(lines, line);) log::info(line);
+  check_fits(plan);
+  bo.allocate = bo.log_overrides = true;
+  model_ = models::build_model(cfg_, bo);
 
   m_.resize(model_->num_params());
   v_.resize(model_->num_params());

@@ -32,7 +32,7 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
-                       std::vector<ops::GroupedExpertsOp> experts_ops)
+                       std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate)
     : a_(args),
       max_tokens_(max_batch * max_seq),
       max_batch_(max_batch),
@@ -100,19 +100,20 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     lm_head_ = off;
     add_param("lm_head.weight", {V, D}, L + 1, &off);
   }
-  params_buf_.resize(off);
-  grads_buf_.resize(off);
+  num_params_ = off;
 
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
-  rope_.resize(max_seq * d);
-  ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
+  if (allocate) {
+    rope_.resize(max_seq * d);
+    ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
+  }
   const int64_t n_moe = static_cast<int64_t>(load_.size());
   if (n_moe > 0) {
     if (experts_ops_.empty())
       experts_ops_.assign(static_cast<size_t>(L), ops::grouped_experts_op());
     check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
-    expert_bias_.resize(n_moe * E);
+    if (allocate) expert_bias_.resize(n_moe * E);
     aux_dp_.assign(static_cast<size_t>(E), 0.0f);
   }
   saved_.resize(static_cast<size_t>(L));
@@ -121,6 +122,9 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   // once; the arenas are sized from it and carved in its order.
   std::vector<void**> slots;
   declare_tensors(&slots);
+  if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
+  params_buf_.resize(num_params_);
+  grads_buf_.resize(num_params_);
   int64_t bytes[2] = {0, 0};  // saved, work
   for (const auto& t : sizes_) bytes[t.saved ? 0 : 1] += t.aligned_bytes();
   acts_.reserve_bytes(bytes[0]);

@@ -38,13 +38,15 @@ class Qwen3Model final : public models::Model {
   // empty means the built-in cos/sin RoPE everywhere.
   // experts_ops: the grouped-experts kernel pair of each layer (entries of dense layers are
   // unused); empty means the built-in grouped_experts op in every MoE layer.
+  // allocate = false makes a plan-only model: params() and activation_table() without storage
+  // (nothing else may be called on it).
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
              std::vector<ops::RopeOp> rope_ops = {},
-             std::vector<ops::GroupedExpertsOp> experts_ops = {});
+             std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true);
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
-  int64_t num_params() const override { return params_buf_.size(); }  // unique parameters
+  int64_t num_params() const override { return num_params_; }  // unique parameters
   float* param_data() override { return params_buf_.data(); }
   const float* param_data() const override { return params_buf_.data(); }
   float* grad_data() override { return grads_buf_.data(); }
@@ -122,6 +124,7 @@ class Qwen3Model final : public models::Model {
   Qwen3Args a_;
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
+  int64_t num_params_ = 0;
   Buffer<float> params_buf_, grads_buf_;
   std::vector<Layer> layers_;
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;

@@ -96,7 +96,7 @@ models::ModelSpec model_spec() {
     const Qwen3Args a = args_from_config(c);
     return std::make_unique<Qwen3Model>(a, o.batch, o.seq_len, o.loss_chunks,
                                         rope_plan(tree, a, o.seq_len),
-                                        experts_plan(tree, a, o.batch * o.seq_len));
+                                        experts_plan(tree, a, o.batch * o.seq_len), o.allocate);
   };
   return s;
 }

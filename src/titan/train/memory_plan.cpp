@@ -1,0 +1,81 @@
+#include "titan/train/memory_plan.h"
+
+#include <cstdio>
+
+#include "titan/core/cpu.h"
+#include "titan/core/error.h"
+#include "titan/models/registry.h"
+
+namespace titan::train {
+namespace {
+std::string gib(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return b;
+}
+}  // namespace
+
+int64_t MemoryPlan::total() const {
+  int64_t t = 0;
+  for (const auto& l : lines) t += l.bytes;
+  return t;
+}
+
+std::string MemoryPlan::format() const {
+  std::string out = "memory plan (per process):\n";
+  char buf[160];
+  for (const auto& l : lines) {
+    std::snprintf(buf, sizeof buf, "  %-52s %14s\n", l.what.c_str(), gib(l.bytes).c_str());
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "  %-52s %14s  (machine: %s)\n", "total", gib(total()).c_str(),
+                gib(cpu::total_memory_bytes()).c_str());
+  return out + buf;
+}
+
+MemoryPlan plan_memory(const config::JobConfig& cfg) {
+  const auto& t = cfg.training;
+  models::BuildOptions o;
+  o.batch = t.local_batch_size;
+  o.seq_len = t.seq_len;
+  o.loss_chunks = cfg.loss.num_chunks;
+  o.allocate = false;
+  o.log_overrides = false;  // the build that follows logs them
+  return plan_memory(cfg, *models::build_model(cfg, o));
+}
+
+MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
+  const auto& t = cfg.training;
+  const int64_t p = m.num_params() * static_cast<int64_t>(sizeof(float));
+  int64_t saved = 0, work = 0, n_saved = 0;
+  for (const auto& s : m.activation_table()) {
+    (s.saved ? saved : work) += s.aligned_bytes();
+    n_saved += s.saved;
+  }
+  const int64_t global = t.global_batch_size == -1 ? t.local_batch_size : t.global_batch_size;
+  const int64_t step_tokens = global * t.seq_len;
+  MemoryPlan plan;
+  plan.lines = {
+      {"process at start (code, libraries)", cpu::current_rss_bytes()},
+      {"parameters (fp32 master)", p},
+      {"gradients (fp32)", p},
+      {"optimizer state (AdamW exp_avg, exp_avg_sq; fp32)", 2 * p},
+      {"saved activations (" + std::to_string(n_saved) + " tensors, AC none)", saved},
+      {"workspaces (shared by the layers)", work},
+      {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
+  };
+  if (cfg.metrics.peak_flops <= 0)
+    plan.lines.push_back({"GEMM probe at start (3 x 2048^2 fp32, freed)", 3 * 4 * 2048 * 2048});
+  return plan;
+}
+
+void check_fits(const MemoryPlan& plan) {
+  const int64_t have = cpu::total_memory_bytes();
+  check(plan.total() <= have,
+        "the run needs " + gib(plan.total()) +
+            " (titan plan shows each part) but this machine has " + gib(have) +
+            "; lower training.local_batch_size or training.seq_len, or use a smaller model "
+            "(model.n_layers, model.dim)");
+}
+
+}  // namespace titan::train

@@ -1,0 +1,55 @@
+// The memory plan against the process's measured peak RSS: within 10% for the real configured
+// shapes (debugmodel 4x256, debugmodel_moe 2x128), and titan train refuses a plan that cannot fit.
+#include "titan/train/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "test_util.h"
+#include "titan/config/builtin_configs.h"
+#include "titan/core/cpu.h"
+#include "titan/train/trainer.h"
+
+namespace titan::train {
+namespace {
+using testing::error_of;
+using testing::fresh_temp_dir;
+
+void expect_plan_matches_peak(config::JobConfig c) {
+  c.dump_folder = fresh_temp_dir("memory_plan");
+  c.training.steps = 2;
+  c.metrics.log_freq = 1;
+  const MemoryPlan plan = plan_memory(c);
+  Trainer t(c);
+  t.train();
+  const double peak = static_cast<double>(cpu::peak_rss_bytes());
+  const double planned = static_cast<double>(plan.total());
+  EXPECT_LT(std::abs(planned - peak) / peak, 0.10) << plan.format() << "measured peak " << peak;
+}
+
+TEST(MemoryPlan, DebugModelWithinTenPercentOfPeakRss) {
+  config::register_builtin_configs();
+  expect_plan_matches_peak(config::make_config("qwen3_debugmodel"));
+}
+
+TEST(MemoryPlan, DebugMoeWithinTenPercentOfPeakRss) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel_moe");
+  c.training.local_batch_size = 2;
+  c.training.seq_len = 128;
+  expect_plan_matches_peak(c);
+}
+
+TEST(MemoryPlan, TrainRefusesAPlanThatCannotFit) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel");
+  c.model.n_layers = 4000;  // ~64 GiB of parameters and optimizer state: nothing is allocated
+  c.dump_folder = fresh_temp_dir("memory_plan_big");
+  const std::string e = error_of([&] { Trainer t(c); });
+  EXPECT_NE(e.find("the run needs"), std::string::npos) << e;
+  EXPECT_NE(e.find("this machine has"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace titan::train
