@@ -2,9 +2,17 @@
 // model, and the ops of every backend. Adding a model or a backend adds one line here.
 #include "titan/models/module_types.h"
 #include "titan/models/qwen3/modules.h"
+#include "titan/ops/backend.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/experts_op.h"
 #include "titan/plugin/registry.h"
+
+namespace titan::ops {
+
+// The backend tables (ops/backend.h), registered before the first lookup.
+std::vector<Backend> builtin_backends() { return {cpu_backend()}; }
+
+}  // namespace titan::ops
 
 namespace titan::plugin {
 

@@ -34,6 +34,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
                        std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate)
     : a_(args),
+      be_(ops::backend("cpu", "float32")),
       max_tokens_(max_batch * max_seq),
       max_batch_(max_batch),
       max_seq_(max_seq),
@@ -106,7 +107,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
   if (allocate) {
     rope_.resize(max_seq * d);
-    ops::rope_table(max_seq, d, a_.rope_theta, rope_.data());
+    be_.rope_table(max_seq, d, a_.rope_theta, rope_.data());
   }
   const int64_t n_moe = static_cast<int64_t>(load_.size());
   if (n_moe > 0) {
@@ -255,46 +256,46 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   const ops::NormRows rows{T, 1, D, D, D};
   const ops::NormRows qrows{T, Hq, d, QKV, Q};
   const ops::NormRows krows{T, Hkv, d, QKV, KV};
-  ops::attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
+  be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
 
   // ---------------- forward
-  ops::embedding_fwd(b.input, T, P + tok_emb_, V, D, saved_[0].x);
+  be_.embedding_fwd(b.input, T, P + tok_emb_, V, D, saved_[0].x);
   for (int64_t l = 0; l < a_.n_layers; ++l) {
     const Layer& w = layers_[l];
     Saved& s = saved_[l];
     float* out = l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_;
-    ops::rmsnorm_fwd(rows, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
-    ops::linear_fwd(s.xn1, P + w.wqkv, s.qkv, T, D, QKV);
-    ops::rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
-    ops::rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
+    be_.rmsnorm_fwd(rows, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
+    be_.linear_fwd(s.xn1, P + w.wqkv, s.qkv, T, D, QKV);
+    be_.rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
+    be_.rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
     call_rope(l, true, s.qr, b, Hq, Q);
     call_rope(l, true, s.kr, b, Hkv, KV);
-    ops::attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
-    ops::linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
-    ops::add(s.x, tmp_, s.hmid, T * D);
-    ops::rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
+    be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
+    be_.linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
+    be_.add(s.x, tmp_, s.hmid, T * D);
+    be_.rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
     if (w.moe >= 0) {
       moe_forward(l, T, tmp_, backward);
     } else {
-      ops::linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
-      ops::swiglu_fwd(s.ab, s.g, T, F);
-      ops::linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
+      be_.linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
+      be_.swiglu_fwd(s.ab, s.g, T, F);
+      be_.linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
     }
-    ops::add(s.hmid, tmp_, out, T * D);
+    be_.add(s.hmid, tmp_, out, T * D);
   }
   aux_loss_forward(T, backward, aux_weight);
-  ops::rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
+  be_.rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
   if (logits_out) {
-    ops::linear_fwd(xf_, P + lm_head_, logits_out, T, D, V);
+    be_.linear_fwd(xf_, P + lm_head_, logits_out, T, D, V);
     return {};
   }
-  ops::LossSum loss = ops::lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V, loss_chunk_rows_,
-                                      backward ? grad_scale : 0.0f, backward ? dxn_ : nullptr,
-                                      backward ? G + lm_head_ : nullptr, loss_scratch_);
+  ops::LossSum loss = be_.lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V, loss_chunk_rows_,
+                                     backward ? grad_scale : 0.0f, backward ? dxn_ : nullptr,
+                                     backward ? G + lm_head_ : nullptr, loss_scratch_);
   if (!backward) return loss;
 
   // ---------------- backward (dx_ = dL/d(residual stream) flowing down)
-  ops::rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, G + norm_, norm_scratch_);
+  be_.rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, G + norm_, norm_scratch_);
   for (int64_t l = a_.n_layers - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     Saved& s = saved_[l];
@@ -303,28 +304,28 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
       moe_backward(l, T, dx_, dxn_);
     } else {
       // out = hmid + w2·swiglu(w13·norm(hmid))
-      ops::linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D);
-      ops::swiglu_bwd(dg_, s.ab, dab_, T, F);
-      ops::linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F);
+      be_.linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D, /*dx_accumulate=*/false);
+      be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
+      be_.linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F, /*dx_accumulate=*/false);
     }
-    ops::rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm,
-                     norm_scratch_);
-    ops::add_inplace(dx_, tmp_, T * D);
+    be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm,
+                    norm_scratch_);
+    be_.add_inplace(dx_, tmp_, T * D);
     // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
-    ops::linear_bwd(dx_, s.o, P + w.wo, do_, G + w.wo, T, Q, D);
-    ops::attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
-                       dqkv_ + Q + KV, delta_, attn_scratch_);
+    be_.linear_bwd(dx_, s.o, P + w.wo, do_, G + w.wo, T, Q, D, /*dx_accumulate=*/false);
+    be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
+                      dqkv_ + Q + KV, delta_, attn_scratch_);
     call_rope(l, false, dq_, b, Hq, Q);
     call_rope(l, false, dkr_, b, Hkv, KV);
-    ops::rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
-    ops::rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
-                     norm_scratch_);
-    ops::linear_bwd(dqkv_, s.xn1, P + w.wqkv, dxn_, G + w.wqkv, T, D, QKV);
-    ops::rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, G + w.attention_norm,
-                     norm_scratch_);
-    ops::add_inplace(dx_, tmp_, T * D);
+    be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
+    be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
+                    norm_scratch_);
+    be_.linear_bwd(dqkv_, s.xn1, P + w.wqkv, dxn_, G + w.wqkv, T, D, QKV, /*dx_accumulate=*/false);
+    be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, G + w.attention_norm,
+                    norm_scratch_);
+    be_.add_inplace(dx_, tmp_, T * D);
   }
-  ops::embedding_bwd(b.input, T, dx_, D, G + tok_emb_);
+  be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);
   return loss;
 }
 
@@ -376,10 +377,10 @@ void Qwen3Model::moe_forward(int64_t l, int64_t T, float* y, bool count) {
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
   const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k;
-  ops::linear_fwd(s.xn2, params_buf_.data() + w.gate, dlogits_, T, D, E);  // router logits
+  be_.linear_fwd(s.xn2, params_buf_.data() + w.gate, dlogits_, T, D, E);  // router logits
   const float* bias = a_.load_balance_coeff > 0 ? expert_bias_.data() + w.moe * E : nullptr;
-  ops::router_fwd(dlogits_, bias, T, E, K, a_.norm_topk_prob, s.probs, s.idx, s.rw);
-  if (count) ops::count_experts(s.idx, T, K, E, load_[static_cast<size_t>(w.moe)].data());
+  be_.router_fwd(dlogits_, bias, T, E, K, a_.norm_topk_prob, s.probs, s.idx, s.rw);
+  if (count) be_.count_experts(s.idx, T, K, E, load_[static_cast<size_t>(w.moe)].data());
   const ops::GroupedExpertsOp& op = experts_ops_[l];
   const ops::ExpertsArgs ea = experts_args(l, T);
   guarded("Experts", op.name, true, l, [&] { op.forward(ea, y); });
@@ -401,10 +402,10 @@ void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn)
   eg.dw3 = G + w.ew3;
   eg.dw2 = G + w.ew2;
   guarded("Experts", op.name, false, l, [&] { op.backward(ea, eg); });
-  ops::router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
-                  E, K, a_.norm_topk_prob, dlogits_);
-  ops::linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, G + w.gate, T, D, E,
-                  /*dx_accumulate=*/true);
+  be_.router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
+                 E, K, a_.norm_topk_prob, dlogits_);
+  be_.linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, G + w.gate, T, D, E,
+                 /*dx_accumulate=*/true);
 }
 
 // HF load_balancing_loss_func over all MoE layers' router probabilities P (pooled, N = layers·T
@@ -421,10 +422,10 @@ void Qwen3Model::aux_loss_forward(int64_t T, bool backward, float aux_weight) {
     const Saved& s = saved_[l];
     const int32_t* idx = s.idx;
     if (a_.load_balance_coeff > 0) {  // the routing used a bias; HF's statistic has none
-      ops::topk_rows(s.probs, T, E, K, aux_idx_);
+      be_.topk_rows(s.probs, T, E, K, aux_idx_);
       idx = aux_idx_;
     }
-    ops::count_experts(idx, T, K, E, hits.data());
+    be_.count_experts(idx, T, K, E, hits.data());
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < E; ++e) psum[static_cast<size_t>(e)] += s.probs[t * E + e];
   }

@@ -12,6 +12,9 @@
 // Inside a layer, wq|wk|wv and w1|w3 are adjacent so each pair runs as one GEMM. Sharding a block
 // or keeping a bf16 copy is a matter of the offsets in params().
 //
+// Kernels are called through the backend table of ("cpu", "float32") (ops/backend.h); the RoPE and
+// grouped-experts kernels are the registered ops chosen per layer.
+//
 // Activations for one microbatch of up to max_batch × max_seq tokens are allocated at
 // construction; forward_backward() allocates nothing.
 #pragma once
@@ -22,6 +25,7 @@
 #include "titan/core/buffer.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
+#include "titan/ops/backend.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/loss.h"
 #include "titan/ops/rope_op.h"
@@ -122,6 +126,7 @@ class Qwen3Model final : public models::Model {
   void declare_tensors(std::vector<void**>* slots);
 
   Qwen3Args a_;
+  const ops::Backend& be_;  // the kernels (cpu/float32)
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
   int64_t num_params_ = 0;

@@ -1,0 +1,89 @@
+// The backend registry; see backend.h.
+#include "titan/ops/backend.h"
+
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "titan/core/error.h"
+
+namespace titan::ops {
+namespace {
+
+using Key = std::pair<std::string, std::string>;              // (device, dtype)
+using Table = std::map<Key, std::unique_ptr<const Backend>>;  // node-stable: lookups hand out refs
+
+void add(Table& t, const Backend& b) {
+  const std::string what = b.device + "/" + b.dtype;
+  const std::vector<std::string> miss = b.missing();
+  if (!miss.empty()) {
+    std::string names;
+    for (const auto& m : miss) names += (names.empty() ? "" : ", ") + m;
+    throw Error("backend " + what + " is incomplete: no " + names);
+  }
+  check(!t.count({b.device, b.dtype}), "a backend for " + what + " is already registered");
+  t.emplace(Key{b.device, b.dtype}, std::make_unique<const Backend>(b));
+}
+
+// Registration happens at start-up (built-ins on first use, then plugins), before any lookup from
+// worker threads; the table is not locked.
+Table& table() {
+  static Table t = [] {
+    Table init;
+    for (const Backend& b : builtin_backends()) add(init, b);
+    return init;
+  }();
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> Backend::missing() const {
+  std::vector<std::string> m;
+  auto need = [&](bool present, const char* name) {
+    if (!present) m.emplace_back(name);
+  };
+  need(alloc, "alloc");
+  need(free, "free");
+  need(copy, "copy");
+  need(memset, "memset");
+  need(embedding_fwd, "embedding_fwd");
+  need(embedding_bwd, "embedding_bwd");
+  need(rmsnorm_fwd, "rmsnorm_fwd");
+  need(rmsnorm_bwd, "rmsnorm_bwd");
+  need(rope_table, "rope_table");
+  need(swiglu_fwd, "swiglu_fwd");
+  need(swiglu_bwd, "swiglu_bwd");
+  need(add, "add");
+  need(add_inplace, "add_inplace");
+  need(linear_fwd, "linear_fwd");
+  need(linear_bwd, "linear_bwd");
+  need(attention_segments, "attention_segments");
+  need(attention_fwd, "attention_fwd");
+  need(attention_bwd, "attention_bwd");
+  need(lm_head_ce, "lm_head_ce");
+  need(router_fwd, "router_fwd");
+  need(router_bwd, "router_bwd");
+  need(topk_rows, "topk_rows");
+  need(count_experts, "count_experts");
+  return m;
+}
+
+void register_backend(const Backend& b) { add(table(), b); }
+
+const Backend& backend(const std::string& device, const std::string& dtype) {
+  const Table& t = table();
+  auto it = t.find({device, dtype});
+  if (it != t.end()) return *it->second;
+  std::string have;
+  for (const auto& name : registered_backends()) have += (have.empty() ? "" : ", ") + name;
+  throw Error("no backend for " + device + "/" + dtype + "; registered: " + have);
+}
+
+std::vector<std::string> registered_backends() {
+  std::vector<std::string> names;
+  for (const auto& [key, b] : table()) names.push_back(key.first + "/" + key.second);
+  return names;
+}
+
+}  // namespace titan::ops

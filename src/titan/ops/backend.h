@@ -1,0 +1,82 @@
+// The backend table (ggml's ggml_backend_i idea): the entry points a model calls for one
+// (device, dtype), so that the model names what it computes and the backend decides where and
+// how. A backend is a struct of plain function pointers: memory (alloc/free/copy/memset) and one
+// member per kernel. Each kernel member has exactly the signature of the op of the same name in
+// the op headers (attention.h, elementwise.h, gemm.h, loss.h, router.h), which state its maths
+// and shapes; the CPU backend (ops/cpu/backend.cpp) points at those functions themselves.
+//
+// Not in the table: the workspace-size helpers (attention_workspace, rmsnorm_bwd_scratch,
+// lm_head_ce_scratch, the experts op's saved/scratch sizes), which describe shapes rather than
+// run device code, and the registered ops a module tree picks per layer (RoPE, grouped experts;
+// plugin/registry.h).
+//
+// Pointers passed to the kernels point to memory of the backend's device (for the CPU backend,
+// host memory). Backends are registered once per (device, dtype) and live for the process.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "titan/ops/attention.h"
+#include "titan/ops/elementwise.h"
+#include "titan/ops/gemm.h"
+#include "titan/ops/loss.h"
+#include "titan/ops/router.h"
+
+namespace titan::ops {
+
+struct Backend {
+  std::string device;  // "cpu", "cuda", ... (core/device.h names)
+  std::string dtype;   // "float32", ...
+
+  // ---- memory (device memory; for the CPU backend: aligned_alloc/free/memcpy/memset)
+  void* (*alloc)(size_t bytes) = nullptr;  // 64-byte aligned, uninitialized; throws bad_alloc
+  void (*free)(void* p) = nullptr;         // of alloc's pointers (nullptr is a no-op)
+  void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;  // either side host or device
+  void (*memset)(void* dst, int value, size_t bytes) = nullptr;
+
+  // ---- kernels: the signature of the op of the same name (no default arguments)
+  decltype(&ops::embedding_fwd) embedding_fwd = nullptr;  // elementwise.h
+  decltype(&ops::embedding_bwd) embedding_bwd = nullptr;
+  decltype(&ops::rmsnorm_fwd) rmsnorm_fwd = nullptr;
+  decltype(&ops::rmsnorm_bwd) rmsnorm_bwd = nullptr;
+  decltype(&ops::rope_table) rope_table = nullptr;
+  decltype(&ops::swiglu_fwd) swiglu_fwd = nullptr;
+  decltype(&ops::swiglu_bwd) swiglu_bwd = nullptr;
+  decltype(&ops::add) add = nullptr;
+  decltype(&ops::add_inplace) add_inplace = nullptr;
+  decltype(&ops::linear_fwd) linear_fwd = nullptr;  // gemm.h
+  decltype(&ops::linear_bwd) linear_bwd = nullptr;  // dx_accumulate passed explicitly
+  decltype(&ops::attention_segments) attention_segments = nullptr;  // attention.h
+  decltype(&ops::attention_fwd) attention_fwd = nullptr;
+  decltype(&ops::attention_bwd) attention_bwd = nullptr;
+  decltype(&ops::lm_head_ce) lm_head_ce = nullptr;  // loss.h
+  decltype(&ops::router_fwd) router_fwd = nullptr;  // router.h
+  decltype(&ops::router_bwd) router_bwd = nullptr;
+  decltype(&ops::topk_rows) topk_rows = nullptr;
+  decltype(&ops::count_experts) count_experts = nullptr;
+
+  // Names of the members left null ("alloc", "attention_fwd", ...); empty for a complete table.
+  std::vector<std::string> missing() const;
+};
+
+// Adds a backend under (b.device, b.dtype). Throws titan::Error for an incomplete table (naming
+// the missing entries) or a pair registered twice.
+void register_backend(const Backend& b);
+
+// The backend registered for (device, dtype); built-ins included. Throws titan::Error naming the
+// registered pairs when there is none ("no backend for cuda/bfloat16; registered: cpu/float32").
+// The reference stays valid for the process.
+const Backend& backend(const std::string& device, const std::string& dtype);
+
+// "device/dtype" of every registered backend, sorted.
+std::vector<std::string> registered_backends();
+
+// The CPU fp32 kernels (ops/cpu/). Registered as a built-in by builtin_backends().
+Backend cpu_backend();
+
+// The backends titan has built in (src/titan/builtins.cpp, the one place that lists them),
+// registered before the first lookup.
+std::vector<Backend> builtin_backends();
+
+}  // namespace titan::ops

@@ -1,0 +1,57 @@
+// The CPU fp32 backend: the kernels of ops/cpu/ (whose contracts are the op headers) and host
+// memory.
+#include "titan/ops/backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace titan::ops {
+namespace {
+
+void* host_alloc(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p && bytes) throw std::bad_alloc();
+  return p;
+}
+void host_free(void* p) { std::free(p); }
+void host_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void host_memset(void* dst, int value, size_t bytes) {
+  if (bytes) std::memset(dst, value, bytes);
+}
+
+}  // namespace
+
+Backend cpu_backend() {
+  Backend b;
+  b.device = "cpu";
+  b.dtype = "float32";
+  b.alloc = host_alloc;
+  b.free = host_free;
+  b.copy = host_copy;
+  b.memset = host_memset;
+  b.embedding_fwd = ops::embedding_fwd;
+  b.embedding_bwd = ops::embedding_bwd;
+  b.rmsnorm_fwd = ops::rmsnorm_fwd;
+  b.rmsnorm_bwd = ops::rmsnorm_bwd;
+  b.rope_table = ops::rope_table;
+  b.swiglu_fwd = ops::swiglu_fwd;
+  b.swiglu_bwd = ops::swiglu_bwd;
+  b.add = ops::add;
+  b.add_inplace = ops::add_inplace;
+  b.linear_fwd = ops::linear_fwd;
+  b.linear_bwd = ops::linear_bwd;
+  b.attention_segments = ops::attention_segments;
+  b.attention_fwd = ops::attention_fwd;
+  b.attention_bwd = ops::attention_bwd;
+  b.lm_head_ce = ops::lm_head_ce;
+  b.router_fwd = ops::router_fwd;
+  b.router_bwd = ops::router_bwd;
+  b.topk_rows = ops::topk_rows;
+  b.count_experts = ops::count_experts;
+  return b;
+}
+
+}  // namespace titan::ops
