@@ -76,6 +76,10 @@ std::vector<Field> fields(JobConfig& c) {
       {"dataloader.skip_malformed", &c.dataloader.skip_malformed,
        "JSON lines: skip and count malformed lines instead of stopping"},
       {"loss.num_chunks", &c.loss.num_chunks, "lm_head + cross-entropy chunks"},
+      {"activation_checkpoint.mode", &c.activation_checkpoint.mode,
+       "none | selective | full (recompute blocks in the backward)"},
+      {"activation_checkpoint.selective_ac_option", &c.activation_checkpoint.selective_ac_option,
+       "selective: N (every N-th block fully) or op (keep GEMM/attention outputs)"},
       {"checkpoint.enable", &c.checkpoint.enable, "save checkpoints"},
       {"checkpoint.folder", &c.checkpoint.folder, "checkpoint folder under dump_folder"},
       {"checkpoint.interval", &c.checkpoint.interval, "save every N steps"},
@@ -366,6 +370,16 @@ void validate(const JobConfig& c) {
         "lr_scheduler.decay_ratio must be in [0, 1] (or negative for none)");
   check(c.metrics.log_freq > 0, "metrics.log_freq must be positive");
   check(c.loss.num_chunks > 0, "loss.num_chunks must be positive");
+  const auto& ac = c.activation_checkpoint;
+  check(ac.mode == "none" || ac.mode == "selective" || ac.mode == "full",
+        "activation_checkpoint.mode '" + ac.mode + "' must be none, selective or full");
+  if (ac.mode == "selective" && ac.selective_ac_option != "op") {
+    const std::string& o = ac.selective_ac_option;
+    check(!o.empty() && o.size() < 10 && o.find_first_not_of("0123456789") == std::string::npos &&
+              std::stoll(o) > 0,
+          "activation_checkpoint.selective_ac_option '" + o +
+              "' must be a positive integer N (every N-th block) or op");
+  }
   const auto& k = c.checkpoint;
   check(k.interval >= 1, "checkpoint.interval must be at least 1");
   check(k.keep_latest_k == 0 || k.keep_latest_k >= 2,

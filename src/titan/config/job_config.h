@@ -75,6 +75,15 @@ struct ValidatorConfig {
   std::string dataset_path;
 };
 
+// torchtitan's activation_checkpoint: none keeps every activation; full keeps each block's input
+// and recomputes the block in the backward; selective with an integer N does that for every N-th
+// block ((i+1) % N == 0), with op it keeps the GEMM and attention outputs of every block and
+// recomputes the norms, RoPE and SwiGLU. Results are bitwise the same in every mode.
+struct ActivationCheckpointConfig {
+  std::string mode = "none";
+  std::string selective_ac_option = "2";
+};
+
 struct LossConfig {
   int64_t num_chunks = 8;  // lm_head + cross-entropy chunks per microbatch
 };
@@ -130,6 +139,7 @@ struct JobConfig {
   MetricsConfig metrics;
   DataLoaderConfig dataloader;
   LossConfig loss;
+  ActivationCheckpointConfig activation_checkpoint;
   CheckpointConfig checkpoint;
   EvalConfig eval;
   ValidatorConfig validator;

@@ -10,4 +10,28 @@ const ParamInfo& Model::param(const std::string& fqn) const {
   throw Error("no parameter named '" + fqn + "' in the model");
 }
 
+AcPolicy AcPolicy::from_config(const std::string& mode, const std::string& option) {
+  AcPolicy p;
+  if (mode == "full") {
+    p.mode = Mode::full;
+  } else if (mode == "selective") {
+    if (option == "op") {
+      p.mode = Mode::op;
+    } else {
+      p.mode = Mode::full;
+      p.every = std::stoll(option);
+    }
+  } else {
+    check(mode == "none",
+          "activation_checkpoint.mode '" + mode + "' must be none, selective or full");
+  }
+  return p;
+}
+
+std::string AcPolicy::describe() const {
+  if (mode == Mode::none) return "none";
+  if (mode == Mode::op) return "selective op";
+  return every == 1 ? "full" : "selective every " + std::to_string(every) + " blocks";
+}
+
 }  // namespace titan::models

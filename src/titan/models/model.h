@@ -53,6 +53,20 @@ struct HfTensor {
   std::string fqn;  // the titan parameter it is (part of)
 };
 
+// Activation checkpointing (torchtitan's activation_checkpoint.mode / selective_ac_option):
+// full recomputes a block's forward in its backward from the block's input, for every block or
+// (selective N) every N-th ((i+1) % N == 0); op keeps each block's GEMM and attention outputs and
+// recomputes its norms, RoPE and SwiGLU. Same kernels on the same inputs: results are bitwise
+// those without it.
+struct AcPolicy {
+  enum class Mode { none, full, op } mode = Mode::none;
+  int64_t every = 1;
+  // From the config's strings (validated by config::validate).
+  static AcPolicy from_config(const std::string& mode, const std::string& selective_option);
+  bool full_block(int64_t i) const { return mode == Mode::full && (i + 1) % every == 0; }
+  std::string describe() const;
+};
+
 // Tokens routed to each expert of one MoE layer since the last finish_step().
 struct ExpertLoad {
   int64_t layer = 0;

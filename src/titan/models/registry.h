@@ -22,6 +22,7 @@ struct BuildOptions {
   uint64_t seed = 0;
   bool allocate = true;  // false: a plan-only model (params() and activation_table() only)
   bool log_overrides = true;
+  AcPolicy ac;  // activation checkpointing
 };
 
 struct ModelSpec {

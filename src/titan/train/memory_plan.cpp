@@ -39,6 +39,8 @@ MemoryPlan plan_memory(const config::JobConfig& cfg) {
   o.batch = t.local_batch_size;
   o.seq_len = t.seq_len;
   o.loss_chunks = cfg.loss.num_chunks;
+  o.ac = models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
+                                       cfg.activation_checkpoint.selective_ac_option);
   o.allocate = false;
   o.log_overrides = false;  // the build that follows logs them
   return plan_memory(cfg, *models::build_model(cfg, o));
@@ -60,7 +62,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
       {"parameters (fp32 master)", p},
       {"gradients (fp32)", p},
       {"optimizer state (AdamW exp_avg, exp_avg_sq; fp32)", 2 * p},
-      {"saved activations (" + std::to_string(n_saved) + " tensors, AC none)", saved},
+      {"saved activations (" + std::to_string(n_saved) + " tensors, AC " +
+           models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
+                                         cfg.activation_checkpoint.selective_ac_option)
+               .describe() +
+           ")",
+       saved},
       {"workspaces (shared by the layers)", work},
       {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };

@@ -32,7 +32,8 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
-                       std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate)
+                       std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
+                       models::AcPolicy ac)
     : a_(args),
       be_(ops::backend("cpu", "float32")),
       max_tokens_(max_batch * max_seq),
@@ -40,6 +41,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       max_seq_(max_seq),
       rope_ops_(std::move(rope_ops)),
       experts_ops_(std::move(experts_ops)) {
+  ac_ = ac;
   a_.validate();
   check(max_seq <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq) +
                                        " exceeds the model's maximum context length " +
@@ -116,6 +118,8 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
     if (allocate) expert_bias_.resize(n_moe * E);
     aux_dp_.assign(static_cast<size_t>(E), 0.0f);
+    aux_hits_.assign(static_cast<size_t>(E), 0.0);
+    aux_psum_.assign(static_cast<size_t>(E), 0.0);
   }
   saved_.resize(static_cast<size_t>(L));
 
@@ -136,6 +140,20 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
                     ? static_cast<void*>(arena.take_as<int32_t>(sizes_[i].numel()))
                     : static_cast<void*>(arena.take_as<float>(sizes_[i].numel()));
   }
+  // Blocks under activation checkpointing read what they recompute from the shared set.
+  for (int64_t l = 0; l < L; ++l) {
+    Saved& s = saved_[static_cast<size_t>(l)];
+    const Saved& r = recompute_;
+    if (ac_.full_block(l)) {
+      float* x = s.x;
+      s = r;
+      s.x = x;
+    } else if (ac_.mode == models::AcPolicy::Mode::op) {
+      s.xn1 = r.xn1, s.rstd1 = r.rstd1, s.qr = r.qr, s.kr = r.kr, s.rstd_q = r.rstd_q;
+      s.rstd_k = r.rstd_k, s.xn2 = r.xn2, s.rstd2 = r.rstd2;
+      if (!a_.moe_layer(l)) s.g = r.g;
+    }
+  }
   seg_.resize(max_tokens_);
 }
 
@@ -154,31 +172,75 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
                       std::move(shape)});
     slots->push_back(reinterpret_cast<void**>(dst));
   };
-  // Saved per layer (the forward's outputs the backward reads).
+  // Saved per layer (the forward's outputs the backward reads). Under activation checkpointing
+  // what a block recomputes lives in one shared set (recompute_, a workspace): a fully
+  // checkpointed block keeps only its input x, an "op" block its GEMM and attention outputs.
+  using Mode = models::AcPolicy::Mode;
+  const bool op = ac_.mode == Mode::op;
+  bool shared_dense = false, shared_moe = false;  // which kinds of block use the shared set
+  int64_t shared_experts = 0;                     // the experts state the shared set must hold
   for (int64_t l = 0; l < L; ++l) {
     Saved& s = saved_[static_cast<size_t>(l)];
+    const bool moe = a_.moe_layer(l), full = ac_.full_block(l);
     add("x", l, true, {T, D}, &s.x);  // the layer's input (residual stream)
-    add("attention_norm.out", l, true, {T, D}, &s.xn1);
-    add("attention_norm.rstd", l, true, {T}, &s.rstd1);
+    if (full || op) (moe ? shared_moe : shared_dense) = true;
+    if (full) {
+      if (moe) shared_experts = std::max(shared_experts, experts_ops_[l].saved_floats(es));
+      continue;
+    }
+    if (!op) {
+      add("attention_norm.out", l, true, {T, D}, &s.xn1);
+      add("attention_norm.rstd", l, true, {T}, &s.rstd1);
+    }
     add("attention.qkv", l, true, {T, QKV}, &s.qkv);  // wq|wk|wv outputs
-    add("attention.q", l, true, {T, Q}, &s.qr);       // q after q_norm and RoPE
-    add("attention.k", l, true, {T, KV}, &s.kr);      // k after k_norm and RoPE
-    add("attention.q_norm.rstd", l, true, {T, Hq}, &s.rstd_q);
-    add("attention.k_norm.rstd", l, true, {T, Hkv}, &s.rstd_k);
+    if (!op) {
+      add("attention.q", l, true, {T, Q}, &s.qr);   // q after q_norm and RoPE
+      add("attention.k", l, true, {T, KV}, &s.kr);  // k after k_norm and RoPE
+      add("attention.q_norm.rstd", l, true, {T, Hq}, &s.rstd_q);
+      add("attention.k_norm.rstd", l, true, {T, Hkv}, &s.rstd_k);
+    }
     add("attention.out", l, true, {T, Q}, &s.o);
     add("attention.lse", l, true, {T, Hq}, &s.lse);
     add("h", l, true, {T, D}, &s.hmid);  // x + attention
-    add("ffn_norm.out", l, true, {T, D}, &s.xn2);
-    add("ffn_norm.rstd", l, true, {T}, &s.rstd2);
-    if (a_.moe_layer(l)) {
+    if (!op) {
+      add("ffn_norm.out", l, true, {T, D}, &s.xn2);
+      add("ffn_norm.rstd", l, true, {T}, &s.rstd2);
+    }
+    if (moe) {
       add("moe.router.probs", l, true, {T, E}, &s.probs);
       add("moe.router.weights", l, true, {T, K}, &s.rw);
       add("moe.experts.saved", l, true, {experts_ops_[l].saved_floats(es)}, &s.experts);
       add("moe.router.indices", l, true, {T, K}, &s.idx);
     } else {
       add("feed_forward.w13", l, true, {T, 2 * F}, &s.ab);
-      add("feed_forward.hidden", l, true, {T, F}, &s.g);
+      if (!op) add("feed_forward.hidden", l, true, {T, F}, &s.g);
     }
+  }
+  if (shared_dense || shared_moe) {
+    Saved& r = recompute_;
+    const bool full = ac_.mode == Mode::full;
+    add("recompute.attention_norm.out", -1, false, {T, D}, &r.xn1);
+    add("recompute.attention_norm.rstd", -1, false, {T}, &r.rstd1);
+    if (full) add("recompute.attention.qkv", -1, false, {T, QKV}, &r.qkv);
+    add("recompute.attention.q", -1, false, {T, Q}, &r.qr);
+    add("recompute.attention.k", -1, false, {T, KV}, &r.kr);
+    add("recompute.attention.q_norm.rstd", -1, false, {T, Hq}, &r.rstd_q);
+    add("recompute.attention.k_norm.rstd", -1, false, {T, Hkv}, &r.rstd_k);
+    if (full) {
+      add("recompute.attention.out", -1, false, {T, Q}, &r.o);
+      add("recompute.attention.lse", -1, false, {T, Hq}, &r.lse);
+      add("recompute.h", -1, false, {T, D}, &r.hmid);
+    }
+    add("recompute.ffn_norm.out", -1, false, {T, D}, &r.xn2);
+    add("recompute.ffn_norm.rstd", -1, false, {T}, &r.rstd2);
+    if (full && shared_moe) {
+      add("recompute.moe.router.probs", -1, false, {T, E}, &r.probs);
+      add("recompute.moe.router.weights", -1, false, {T, K}, &r.rw);
+      add("recompute.moe.experts.saved", -1, false, {shared_experts}, &r.experts);
+      add("recompute.moe.router.indices", -1, false, {T, K}, &r.idx);
+    }
+    if (full && shared_dense) add("recompute.feed_forward.w13", -1, false, {T, 2 * F}, &r.ab);
+    if (shared_dense) add("recompute.feed_forward.hidden", -1, false, {T, F}, &r.g);
   }
   add("h_final", -1, true, {T, D}, &h_final_);
   add("norm.out", -1, true, {T, D}, &xf_);
@@ -235,6 +297,98 @@ ops::LossSum Qwen3Model::forward_loss(const Batch& b) { return run(b, 0.0f, 0.0f
 
 void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, 0.0f, false, out); }
 
+// The block's forward: saved_[l] gets what its backward reads; out = its output.
+void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count) {
+  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
+  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
+                QKV = a_.qkv_dim();
+  const float eps = a_.norm_eps;
+  const float* P = params_buf_.data();
+  const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
+                          Q,   KV,  QKV};
+  const ops::NormRows rows{T, 1, D, D, D};
+  const ops::NormRows qrows{T, Hq, d, QKV, Q};
+  const ops::NormRows krows{T, Hkv, d, QKV, KV};
+  const Layer& w = layers_[l];
+  Saved& s = saved_[l];
+  be_.rmsnorm_fwd(rows, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
+  be_.linear_fwd(s.xn1, P + w.wqkv, s.qkv, T, D, QKV);
+  be_.rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
+  be_.rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
+  call_rope(l, true, s.qr, b, Hq, Q);
+  call_rope(l, true, s.kr, b, Hkv, KV);
+  be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
+  be_.linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
+  be_.add(s.x, tmp_, s.hmid, T * D);
+  be_.rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
+  if (w.moe >= 0) {
+    moe_forward(l, T, tmp_, count);
+  } else {
+    be_.linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
+    be_.swiglu_fwd(s.ab, s.g, T, F);
+    be_.linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
+  }
+  be_.add(s.hmid, tmp_, out, T * D);
+}
+
+// Selective AC "op": the block's norms, RoPE and SwiGLU from its kept inputs (x, qkv, h, w13).
+void Qwen3Model::recompute_cheap(int64_t l, const Batch& b) {
+  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
+  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
+                QKV = a_.qkv_dim();
+  const float eps = a_.norm_eps;
+  const float* P = params_buf_.data();
+  const Layer& w = layers_[l];
+  Saved& s = saved_[l];
+  be_.rmsnorm_fwd({T, 1, D, D, D}, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
+  be_.rmsnorm_fwd({T, Hq, d, QKV, Q}, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
+  be_.rmsnorm_fwd({T, Hkv, d, QKV, KV}, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
+  call_rope(l, true, s.qr, b, Hq, Q);
+  call_rope(l, true, s.kr, b, Hkv, KV);
+  be_.rmsnorm_fwd({T, 1, D, D, D}, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
+  if (w.moe < 0) be_.swiglu_fwd(s.ab, s.g, T, F);
+}
+
+// The block's backward: dx_ (in: dL/d output, out: dL/d input); parameter gradients accumulate.
+void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
+  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
+  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
+                QKV = a_.qkv_dim();
+  const float* P = params_buf_.data();
+  float* G = grads_buf_.data();
+  const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
+                          Q,   KV,  QKV};
+  const ops::NormRows rows{T, 1, D, D, D};
+  const ops::NormRows qrows{T, Hq, d, QKV, Q};
+  const ops::NormRows krows{T, Hkv, d, QKV, KV};
+  const Layer& w = layers_[l];
+  Saved& s = saved_[l];
+  if (w.moe >= 0) {
+    // out = hmid + moe(norm(hmid))
+    moe_backward(l, T, dx_, dxn_);
+  } else {
+    // out = hmid + w2·swiglu(w13·norm(hmid))
+    be_.linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D, /*dx_accumulate=*/false);
+    be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
+    be_.linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F, /*dx_accumulate=*/false);
+  }
+  be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm, norm_scratch_);
+  be_.add_inplace(dx_, tmp_, T * D);
+  // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
+  be_.linear_bwd(dx_, s.o, P + w.wo, do_, G + w.wo, T, Q, D, /*dx_accumulate=*/false);
+  be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
+                    dqkv_ + Q + KV, delta_, attn_scratch_);
+  call_rope(l, false, dq_, b, Hq, Q);
+  call_rope(l, false, dkr_, b, Hkv, KV);
+  be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
+  be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
+                  norm_scratch_);
+  be_.linear_bwd(dqkv_, s.xn1, P + w.wqkv, dxn_, G + w.wqkv, T, D, QKV, /*dx_accumulate=*/false);
+  be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, G + w.attention_norm,
+                  norm_scratch_);
+  be_.add_inplace(dx_, tmp_, T * D);
+}
+
 ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight, bool backward,
                              float* logits_out) {
   check(b.B <= max_batch_ && b.S <= max_seq_ && b.B * b.S <= max_tokens_,
@@ -245,45 +399,26 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     check(b.positions[t] >= 0 && b.positions[t] < max_seq_,
           "position " + std::to_string(b.positions[t]) + " is outside the RoPE table of " +
               std::to_string(max_seq_));
-  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim, V = a_.vocab_size;
-  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
-                QKV = a_.qkv_dim();
+  const int64_t T = b.B * b.S, D = a_.dim, V = a_.vocab_size;
   const float eps = a_.norm_eps;
   float* P = params_buf_.data();
   float* G = grads_buf_.data();
-  const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
-                          Q,   KV,  QKV};
   const ops::NormRows rows{T, 1, D, D, D};
-  const ops::NormRows qrows{T, Hq, d, QKV, Q};
-  const ops::NormRows krows{T, Hkv, d, QKV, KV};
   be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
 
   // ---------------- forward
+  const bool aux = a_.router_aux_loss && !load_.empty();
+  aux_loss_ = 0;
+  if (aux) {
+    std::fill(aux_hits_.begin(), aux_hits_.end(), 0.0);
+    std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
+  }
   be_.embedding_fwd(b.input, T, P + tok_emb_, V, D, saved_[0].x);
   for (int64_t l = 0; l < a_.n_layers; ++l) {
-    const Layer& w = layers_[l];
-    Saved& s = saved_[l];
-    float* out = l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_;
-    be_.rmsnorm_fwd(rows, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
-    be_.linear_fwd(s.xn1, P + w.wqkv, s.qkv, T, D, QKV);
-    be_.rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
-    be_.rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
-    call_rope(l, true, s.qr, b, Hq, Q);
-    call_rope(l, true, s.kr, b, Hkv, KV);
-    be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
-    be_.linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
-    be_.add(s.x, tmp_, s.hmid, T * D);
-    be_.rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
-    if (w.moe >= 0) {
-      moe_forward(l, T, tmp_, backward);
-    } else {
-      be_.linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
-      be_.swiglu_fwd(s.ab, s.g, T, F);
-      be_.linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
-    }
-    be_.add(s.hmid, tmp_, out, T * D);
+    layer_forward(l, b, l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_, backward);
+    if (aux && layers_[l].moe >= 0) aux_accumulate(l, T);
   }
-  aux_loss_forward(T, backward, aux_weight);
+  if (aux) aux_finish(T, backward, aux_weight);
   be_.rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
   if (logits_out) {
     be_.linear_fwd(xf_, P + lm_head_, logits_out, T, D, V);
@@ -297,33 +432,16 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   // ---------------- backward (dx_ = dL/d(residual stream) flowing down)
   be_.rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, G + norm_, norm_scratch_);
   for (int64_t l = a_.n_layers - 1; l >= 0; --l) {
-    const Layer& w = layers_[l];
-    Saved& s = saved_[l];
-    if (w.moe >= 0) {
-      // out = hmid + moe(norm(hmid))
-      moe_backward(l, T, dx_, dxn_);
-    } else {
-      // out = hmid + w2·swiglu(w13·norm(hmid))
-      be_.linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D, /*dx_accumulate=*/false);
-      be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
-      be_.linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F, /*dx_accumulate=*/false);
+    // Activation checkpointing: a fully checkpointed block runs its forward again from its saved
+    // input (into the shared buffers; the output is not needed); with "op", the norms, RoPE and
+    // SwiGLU are recomputed from the kept GEMM and attention outputs. Same kernels, same inputs:
+    // the same bits as the first forward.
+    if (ac_.full_block(l)) {
+      layer_forward(l, b, dxn_, /*count=*/false);
+    } else if (ac_.mode == models::AcPolicy::Mode::op) {
+      recompute_cheap(l, b);
     }
-    be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm,
-                    norm_scratch_);
-    be_.add_inplace(dx_, tmp_, T * D);
-    // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
-    be_.linear_bwd(dx_, s.o, P + w.wo, do_, G + w.wo, T, Q, D, /*dx_accumulate=*/false);
-    be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
-                      dqkv_ + Q + KV, delta_, attn_scratch_);
-    call_rope(l, false, dq_, b, Hq, Q);
-    call_rope(l, false, dkr_, b, Hkv, KV);
-    be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
-    be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
-                    norm_scratch_);
-    be_.linear_bwd(dqkv_, s.xn1, P + w.wqkv, dxn_, G + w.wqkv, T, D, QKV, /*dx_accumulate=*/false);
-    be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, G + w.attention_norm,
-                    norm_scratch_);
-    be_.add_inplace(dx_, tmp_, T * D);
+    layer_backward(l, b);
   }
   be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);
   return loss;
@@ -412,23 +530,23 @@ void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn)
 // rows, no padding mask): aux = E·Σ_e f_e·pbar_e with f_e = (top-k hits of e)/N and
 // pbar_e = Σ P[:,e]/N. Its gradient w.r.t. every P[n,e] is E·f_e/N (top-k is not
 // differentiated), kept in aux_dp_ scaled by coef·aux_weight for the backward.
-void Qwen3Model::aux_loss_forward(int64_t T, bool backward, float aux_weight) {
-  aux_loss_ = 0;
-  if (!a_.router_aux_loss || load_.empty()) return;
+void Qwen3Model::aux_accumulate(int64_t l, int64_t T) {
   const int64_t E = a_.num_experts, K = a_.top_k;
-  std::vector<double> hits(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
-  for (int64_t l = 0; l < a_.n_layers; ++l) {
-    if (layers_[l].moe < 0) continue;
-    const Saved& s = saved_[l];
-    const int32_t* idx = s.idx;
-    if (a_.load_balance_coeff > 0) {  // the routing used a bias; HF's statistic has none
-      be_.topk_rows(s.probs, T, E, K, aux_idx_);
-      idx = aux_idx_;
-    }
-    be_.count_experts(idx, T, K, E, hits.data());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t e = 0; e < E; ++e) psum[static_cast<size_t>(e)] += s.probs[t * E + e];
+  const Saved& s = saved_[l];
+  const int32_t* idx = s.idx;
+  if (a_.load_balance_coeff > 0) {  // the routing used a bias; HF's statistic has none
+    be_.topk_rows(s.probs, T, E, K, aux_idx_);
+    idx = aux_idx_;
   }
+  be_.count_experts(idx, T, K, E, aux_hits_.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) aux_psum_[static_cast<size_t>(e)] += s.probs[t * E + e];
+}
+
+void Qwen3Model::aux_finish(int64_t T, bool backward, float aux_weight) {
+  const int64_t E = a_.num_experts;
+  const std::vector<double>& hits = aux_hits_;
+  const std::vector<double>& psum = aux_psum_;
   const double N = static_cast<double>(load_.size()) * static_cast<double>(T);
   double aux = 0;
   for (int64_t e = 0; e < E; ++e)

@@ -46,7 +46,8 @@ class Qwen3Model final : public models::Model {
   // (nothing else may be called on it).
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
              std::vector<ops::RopeOp> rope_ops = {},
-             std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true);
+             std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
+             models::AcPolicy ac = {});
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
@@ -117,7 +118,14 @@ class Qwen3Model final : public models::Model {
   ops::ExpertsArgs experts_args(int64_t l, int64_t T);
   void moe_forward(int64_t l, int64_t T, float* y, bool count);
   void moe_backward(int64_t l, int64_t T, const float* dy, float* dxn);
-  void aux_loss_forward(int64_t T, bool backward, float aux_weight);
+  // Transformers' auxiliary loss, pooled over the MoE layers: statistics of layer l right after
+  // its router (the router's buffers may be shared under activation checkpointing), then the
+  // loss and its gradient w.r.t. the probabilities.
+  void aux_accumulate(int64_t l, int64_t T);
+  void aux_finish(int64_t T, bool backward, float aux_weight);
+  void layer_forward(int64_t l, const Batch& b, float* out, bool count);
+  void layer_backward(int64_t l, const Batch& b);
+  void recompute_cheap(int64_t l, const Batch& b);
   ops::LossSum run(const Batch& b, float grad_scale, float aux_weight, bool backward,
                    float* logits_out = nullptr);
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
@@ -140,12 +148,15 @@ class Qwen3Model final : public models::Model {
   Buffer<float> expert_bias_;                       // [n_moe, E]
   std::vector<std::vector<double>> load_;           // [n_moe][E]
   double aux_loss_ = 0;
-  std::vector<float> aux_dp_;   // [E] the aux loss gradient w.r.t. every p[t,e]
+  std::vector<float> aux_dp_;                // [E] the aux loss gradient w.r.t. every p[t,e]
+  std::vector<double> aux_hits_, aux_psum_;  // [E] top-k hits and Σ p per expert, all layers
+  models::AcPolicy ac_;
   int32_t* aux_idx_ = nullptr;  // [T, K]
   float *dw_route_ = nullptr, *dlogits_ = nullptr, *experts_scratch_ = nullptr;
   std::vector<models::TensorSize> sizes_;  // the size table
   Arena acts_;                             // saved activations, all layers
-  std::vector<Saved> saved_;               // per layer views into acts_
+  std::vector<Saved> saved_;  // per layer views into acts_ (or recompute_)
+  Saved recompute_{};         // activation checkpointing: the recomputed tensors, in work_
   float *h_final_, *xf_, *rstd_f_;
   Arena work_;  // temporaries reused by every layer
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,

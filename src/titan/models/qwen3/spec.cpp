@@ -94,9 +94,9 @@ models::ModelSpec model_spec() {
   s.build = [](const config::JobConfig& c, config::ModuleNode& tree,
                const models::BuildOptions& o) -> std::unique_ptr<models::Model> {
     const Qwen3Args a = args_from_config(c);
-    return std::make_unique<Qwen3Model>(a, o.batch, o.seq_len, o.loss_chunks,
-                                        rope_plan(tree, a, o.seq_len),
-                                        experts_plan(tree, a, o.batch * o.seq_len), o.allocate);
+    return std::make_unique<Qwen3Model>(
+        a, o.batch, o.seq_len, o.loss_chunks, rope_plan(tree, a, o.seq_len),
+        experts_plan(tree, a, o.batch * o.seq_len), o.allocate, o.ac);
   };
   return s;
 }
