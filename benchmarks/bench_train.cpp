@@ -28,8 +28,8 @@ namespace {
 double g_peak = 0;  // fp32 GEMM FLOP/s measured at start
 
 void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64_t batch,
-                    int64_t seq) {
-  titan::qwen3::Qwen3Model m(args, batch, seq);
+                    int64_t seq, titan::models::AcPolicy ac = {}) {
+  titan::qwen3::Qwen3Model m(args, batch, seq, 8, {}, {}, true, ac);
   m.init_weights(0);
   const int64_t T = batch * seq;
   std::vector<int32_t> input(T), labels(T), positions(T);
@@ -62,6 +62,9 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
       benchmark::Counter(tokens * fpt * 100.0 / g_peak, benchmark::Counter::kIsRate);
   state.counters["gemm_peak_TFLOP/s"] = g_peak / 1e12;
   state.counters["last_loss"] = loss;
+  double saved = 0;  // the size table's saved activations, GiB
+  for (const auto& t : m.activation_table()) saved += t.saved ? t.aligned_bytes() : 0;
+  state.counters["saved_act_GiB"] = saved / (1024.0 * 1024.0 * 1024.0);
 }
 
 titan::qwen3::Qwen3Args with_layers(const char* flavor, int64_t layers) {
@@ -75,6 +78,19 @@ void BM_debugmodel_b4_s256(benchmark::State& s) {
 }
 void BM_debugmodel_b1_s2048(benchmark::State& s) {
   run_step_bench(s, titan::qwen3::flavor("debugmodel"), 1, 2048);
+}
+// Activation checkpointing on debugmodel 4x256: step time against the case above.
+void BM_debugmodel_b4_s256_ac_full(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel"), 4, 256,
+                 titan::models::AcPolicy::from_config("full", "2"));
+}
+void BM_debugmodel_b4_s256_ac_every2(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel"), 4, 256,
+                 titan::models::AcPolicy::from_config("selective", "2"));
+}
+void BM_debugmodel_b4_s256_ac_op(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel"), 4, 256,
+                 titan::models::AcPolicy::from_config("selective", "op"));
 }
 // torchtitan's MoE debug flavor: 64 experts, top-8 (MFU on active parameters).
 void BM_debugmodel_moe_b4_s256(benchmark::State& s) {
@@ -101,6 +117,15 @@ void BM_gemm_fp32(benchmark::State& state) {
 // Rates are per wall-clock second (UseRealTime): the work runs on every OpenMP thread.
 BENCHMARK(BM_gemm_fp32)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_debugmodel_b4_s256)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
+BENCHMARK(BM_debugmodel_b4_s256_ac_full)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(5.0)
+    ->UseRealTime();
+BENCHMARK(BM_debugmodel_b4_s256_ac_every2)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(5.0)
+    ->UseRealTime();
+BENCHMARK(BM_debugmodel_b4_s256_ac_op)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_debugmodel_moe_b4_s256)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_debugmodel_b1_s2048)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s512)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
