@@ -1,6 +1,7 @@
 // The backend table (ops/backend.h): the built-in CPU fp32 backend is found and complete, a
 // missing (device, dtype) names what exists, registration rejects incomplete tables and
-// duplicates.
+// duplicates; and the ops that replaced the model's host-side loops (first_bad_position,
+// router_aux_stats, expert_bias_update) against values worked out by hand.
 #include "titan/ops/backend.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,9 @@
 
 namespace titan::ops {
 namespace {
+
+// The new ops are called through the table, as the model calls them.
+const Backend& cpu() { return backend("cpu", "float32"); }
 
 TEST(BackendTest, CpuFloat32IsBuiltInAndComplete) {
   const Backend& b = backend("cpu", "float32");
@@ -30,6 +34,7 @@ TEST(BackendTest, CpuFloat32IsBuiltInAndComplete) {
   EXPECT_NE(b.rmsnorm_fwd, nullptr);
   EXPECT_NE(b.rmsnorm_bwd, nullptr);
   EXPECT_NE(b.rope_table, nullptr);
+  EXPECT_NE(b.first_bad_position, nullptr);
   EXPECT_NE(b.swiglu_fwd, nullptr);
   EXPECT_NE(b.swiglu_bwd, nullptr);
   EXPECT_NE(b.add, nullptr);
@@ -44,6 +49,8 @@ TEST(BackendTest, CpuFloat32IsBuiltInAndComplete) {
   EXPECT_NE(b.router_bwd, nullptr);
   EXPECT_NE(b.topk_rows, nullptr);
   EXPECT_NE(b.count_experts, nullptr);
+  EXPECT_NE(b.router_aux_stats, nullptr);
+  EXPECT_NE(b.expert_bias_update, nullptr);
   // The CPU backend's kernels are the op functions themselves.
   EXPECT_EQ(b.attention_fwd, &ops::attention_fwd);
   EXPECT_EQ(b.router_fwd, &ops::router_fwd);
@@ -103,6 +110,44 @@ TEST(BackendTest, RegisterRejectsIncompleteAndDuplicate) {
   EXPECT_EQ(backend("test_device", "float32").device, "test_device");
   const auto names = registered_backends();
   EXPECT_NE(std::find(names.begin(), names.end(), "test_device/float32"), names.end());
+}
+
+TEST(BackendOpsTest, FirstBadPosition) {
+  const std::vector<int32_t> good = {0, 1, 2, 3, 0, 1};
+  EXPECT_EQ(cpu().first_bad_position(good.data(), 6, 4), -1);
+  EXPECT_EQ(cpu().first_bad_position(good.data(), 0, 4), -1);
+  const std::vector<int32_t> high = {0, 1, 4, -1};
+  EXPECT_EQ(cpu().first_bad_position(high.data(), 4, 4), 2);  // the first of two bad ones
+  const std::vector<int32_t> low = {0, -1, 7};
+  EXPECT_EQ(cpu().first_bad_position(low.data(), 3, 8), 1);
+  EXPECT_EQ(cpu().first_bad_position(low.data(), 3, 7), 1);
+}
+
+// hits[e] += (t, j) pairs routed to e; psum[e] += Σ_t p[t, e]; both accumulate.
+TEST(BackendOpsTest, RouterAuxStatsAccumulates) {
+  const int64_t T = 3, E = 4, K = 2;
+  const std::vector<float> p = {0.5f,  0.25f, 0.125f, 0.125f,  //
+                                0.25f, 0.25f, 0.25f,  0.25f,   //
+                                0.0f,  0.0f,  0.75f,  0.25f};
+  const std::vector<int32_t> idx = {0, 1, 0, 3, 2, 3};
+  std::vector<double> hits = {1, 0, 0, 0}, psum = {0, 0, 0, 1};
+  cpu().router_aux_stats(p.data(), idx.data(), T, E, K, hits.data(), psum.data());
+  EXPECT_EQ(hits, (std::vector<double>{3, 1, 1, 2}));
+  EXPECT_EQ(psum, (std::vector<double>{0.75, 0.5, 1.125, 1.625}));
+}
+
+// bias += coeff·sign(mean(load) − load), centred to mean 0.
+TEST(BackendOpsTest, ExpertBiasUpdate) {
+  const std::vector<double> load = {1, 2, 3, 6};  // mean 3: signs +1, +1, 0, -1
+  std::vector<float> bias = {1, 2, 3, 4};
+  cpu().expert_bias_update(load.data(), 4, 0.5, bias.data());
+  // delta = {0.5, 0.5, 0, -0.5}, mean(delta) = 0.125
+  EXPECT_EQ(bias, (std::vector<float>{1.375f, 2.375f, 2.875f, 3.375f}));
+
+  const std::vector<double> even = {5, 5, 5};  // balanced: nothing moves
+  std::vector<float> b2 = {0.25f, -1.f, 2.f};
+  cpu().expert_bias_update(even.data(), 3, 0.001, b2.data());
+  EXPECT_EQ(b2, (std::vector<float>{0.25f, -1.f, 2.f}));
 }
 
 }  // namespace

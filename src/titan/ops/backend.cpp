@@ -52,6 +52,7 @@ std::vector<std::string> Backend::missing() const {
   need(rmsnorm_fwd, "rmsnorm_fwd");
   need(rmsnorm_bwd, "rmsnorm_bwd");
   need(rope_table, "rope_table");
+  need(first_bad_position, "first_bad_position");
   need(swiglu_fwd, "swiglu_fwd");
   need(swiglu_bwd, "swiglu_bwd");
   need(add, "add");
@@ -66,6 +67,8 @@ std::vector<std::string> Backend::missing() const {
   need(router_bwd, "router_bwd");
   need(topk_rows, "topk_rows");
   need(count_experts, "count_experts");
+  need(router_aux_stats, "router_aux_stats");
+  need(expert_bias_update, "expert_bias_update");
   return m;
 }
 

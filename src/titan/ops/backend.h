@@ -41,6 +41,7 @@ struct Backend {
   decltype(&ops::rmsnorm_fwd) rmsnorm_fwd = nullptr;
   decltype(&ops::rmsnorm_bwd) rmsnorm_bwd = nullptr;
   decltype(&ops::rope_table) rope_table = nullptr;
+  decltype(&ops::first_bad_position) first_bad_position = nullptr;
   decltype(&ops::swiglu_fwd) swiglu_fwd = nullptr;
   decltype(&ops::swiglu_bwd) swiglu_bwd = nullptr;
   decltype(&ops::add) add = nullptr;
@@ -55,6 +56,8 @@ struct Backend {
   decltype(&ops::router_bwd) router_bwd = nullptr;
   decltype(&ops::topk_rows) topk_rows = nullptr;
   decltype(&ops::count_experts) count_experts = nullptr;
+  decltype(&ops::router_aux_stats) router_aux_stats = nullptr;
+  decltype(&ops::expert_bias_update) expert_bias_update = nullptr;
 
   // Names of the members left null ("alloc", "attention_fwd", ...); empty for a complete table.
   std::vector<std::string> missing() const;

@@ -30,6 +30,9 @@ void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float
 // ---- RoPE, half-split (GPT-NeoX / HF rotate_half): pairs (j, j + d/2), angle pos·θ^(-2j/d).
 // Table layout: cos_sin[p, 0:d/2] = cos, cos_sin[p, d/2:d] = sin, for p < max_pos (fp32).
 void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin);
+// The index of the first t < n with pos[t] outside [0, limit) (a position past the RoPE table),
+// or -1 when every position is inside. The model's check of a batch's positions.
+int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit);
 // x[T, H, d] (token stride ldx) rotated in place by the angle of positions[t].
 void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
               const float* cos_sin);

@@ -28,4 +28,15 @@ void topk_rows(const float* p, int64_t T, int64_t E, int64_t K, int32_t* idx);
 // counts[e] += number of (t, j) with idx[t,j] == e.
 void count_experts(const int32_t* idx, int64_t T, int64_t K, int64_t E, double* counts);
 
+// One layer's statistics for HF's auxiliary load-balancing loss, accumulated in double:
+// hits[e] += number of (t, j) with idx[t,j] == e (as count_experts), and
+// psum[e] += Σ_t p[t,e], added in order of t.
+void router_aux_stats(const float* p, const int32_t* idx, int64_t T, int64_t E, int64_t K,
+                      double* hits, double* psum);
+
+// torchtitan's aux-loss-free load balancing for one layer, given the tokens per expert load[E]
+// of the step: delta[e] = float(coeff)·sign(mean(load) − load[e]) (mean in double), then
+// bias[e] += delta[e] − mean(delta) (fp32, delta summed in order of e).
+void expert_bias_update(const double* load, int64_t E, double coeff, float* bias);
+
 }  // namespace titan::ops

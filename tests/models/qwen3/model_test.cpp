@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 
+#include "titan/core/error.h"
 #include "titan/core/rng.h"
 #include "titan/optim/adamw.h"
 
@@ -201,6 +202,28 @@ TEST(Qwen3Model, OverfitsOneBatch) {
                       1e-2f, step);
   }
   EXPECT_LT(last, 0.1 * first) << "first " << first << " last " << last;
+}
+
+// A position past the RoPE table (the model's max_seq) is rejected naming the first bad one.
+TEST(Qwen3Model, PositionOutsideRopeTableIsRejected) {
+  Qwen3Model m(tiny(true), 2, 12);
+  m.init_weights(1);
+  Data d(m.args().vocab_size);
+  auto error = [&] {
+    try {
+      m.forward_loss(d.batch());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("none");
+  };
+  d.positions[7] = 12;
+  d.positions[20] = -1;
+  EXPECT_EQ(error(), "position 12 is outside the RoPE table of 12");
+  d.positions[7] = 11;
+  EXPECT_EQ(error(), "position -1 is outside the RoPE table of 12");
+  d.positions[20] = 0;
+  EXPECT_EQ(error(), "none");
 }
 
 TEST(Qwen3Model, SteadyStateStepMakesNoLargeAllocations) {

@@ -395,10 +395,12 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
         "microbatch of " + std::to_string(b.B) + "x" + std::to_string(b.S) +
             " exceeds the model's allocated " + std::to_string(max_batch_) + "x" +
             std::to_string(max_seq_));
-  for (int64_t t = 0; t < b.B * b.S; ++t)
-    check(b.positions[t] >= 0 && b.positions[t] < max_seq_,
-          "position " + std::to_string(b.positions[t]) + " is outside the RoPE table of " +
-              std::to_string(max_seq_));
+  if (const int64_t bad = be_.first_bad_position(b.positions, b.B * b.S, max_seq_); bad >= 0) {
+    int32_t pos = 0;
+    be_.copy(&pos, b.positions + bad, sizeof pos);
+    throw Error("position " + std::to_string(pos) + " is outside the RoPE table of " +
+                std::to_string(max_seq_));
+  }
   const int64_t T = b.B * b.S, D = a_.dim, V = a_.vocab_size;
   const float eps = a_.norm_eps;
   float* P = params_buf_.data();
@@ -538,9 +540,7 @@ void Qwen3Model::aux_accumulate(int64_t l, int64_t T) {
     be_.topk_rows(s.probs, T, E, K, aux_idx_);
     idx = aux_idx_;
   }
-  be_.count_experts(idx, T, K, E, aux_hits_.data());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t e = 0; e < E; ++e) aux_psum_[static_cast<size_t>(e)] += s.probs[t * E + e];
+  be_.router_aux_stats(s.probs, idx, T, E, K, aux_hits_.data(), aux_psum_.data());
 }
 
 void Qwen3Model::aux_finish(int64_t T, bool backward, float aux_weight) {
@@ -562,23 +562,9 @@ void Qwen3Model::finish_step() {
   const int64_t E = a_.num_experts;
   for (size_t m = 0; m < load_.size(); ++m) {
     std::vector<double>& c = load_[m];
-    if (a_.load_balance_coeff > 0) {
-      // torchtitan: delta = coeff·sign(mean(c) − c); delta −= mean(delta); bias += delta (fp32)
-      double mean = 0;
-      for (double x : c) mean += x;
-      mean /= static_cast<double>(E);
-      std::vector<float> delta(static_cast<size_t>(E));
-      float dmean = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        const double diff = mean - c[static_cast<size_t>(e)];
-        delta[static_cast<size_t>(e)] =
-            static_cast<float>(a_.load_balance_coeff) * static_cast<float>((diff > 0) - (diff < 0));
-        dmean += delta[static_cast<size_t>(e)];
-      }
-      dmean /= static_cast<float>(E);
-      float* bias = expert_bias_.data() + static_cast<int64_t>(m) * E;
-      for (int64_t e = 0; e < E; ++e) bias[e] += delta[static_cast<size_t>(e)] - dmean;
-    }
+    if (a_.load_balance_coeff > 0)
+      be_.expert_bias_update(c.data(), E, a_.load_balance_coeff,
+                             expert_bias_.data() + static_cast<int64_t>(m) * E);
     std::fill(c.begin(), c.end(), 0.0);
   }
 }

@@ -37,6 +37,7 @@ Backend cpu_backend() {
   b.rmsnorm_fwd = ops::rmsnorm_fwd;
   b.rmsnorm_bwd = ops::rmsnorm_bwd;
   b.rope_table = ops::rope_table;
+  b.first_bad_position = ops::first_bad_position;
   b.swiglu_fwd = ops::swiglu_fwd;
   b.swiglu_bwd = ops::swiglu_bwd;
   b.add = ops::add;
@@ -51,6 +52,8 @@ Backend cpu_backend() {
   b.router_bwd = ops::router_bwd;
   b.topk_rows = ops::topk_rows;
   b.count_experts = ops::count_experts;
+  b.router_aux_stats = ops::router_aux_stats;
+  b.expert_bias_update = ops::expert_bias_update;
   return b;
 }
 

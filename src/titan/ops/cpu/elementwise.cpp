@@ -146,6 +146,12 @@ void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {
   }
 }
 
+int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit) {
+  for (int64_t t = 0; t < n; ++t)
+    if (pos[t] < 0 || pos[t] >= limit) return t;
+  return -1;
+}
+
 void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
               const float* cos_sin) {
 #pragma omp parallel for schedule(static)

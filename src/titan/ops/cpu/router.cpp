@@ -98,4 +98,28 @@ void count_experts(const int32_t* idx, int64_t T, int64_t K, int64_t E, double* 
   for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<double>(c[static_cast<size_t>(e)]);
 }
 
+void router_aux_stats(const float* p, const int32_t* idx, int64_t T, int64_t E, int64_t K,
+                      double* hits, double* psum) {
+  count_experts(idx, T, K, E, hits);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) psum[e] += p[t * E + e];
+}
+
+void expert_bias_update(const double* load, int64_t E, double coeff, float* bias) {
+  // torchtitan: delta = coeff·sign(mean(c) − c); delta −= mean(delta); bias += delta (fp32)
+  double mean = 0;
+  for (int64_t e = 0; e < E; ++e) mean += load[e];
+  mean /= static_cast<double>(E);
+  std::vector<float> delta(static_cast<size_t>(E));
+  float dmean = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const double diff = mean - load[e];
+    delta[static_cast<size_t>(e)] =
+        static_cast<float>(coeff) * static_cast<float>((diff > 0) - (diff < 0));
+    dmean += delta[static_cast<size_t>(e)];
+  }
+  dmean /= static_cast<float>(E);
+  for (int64_t e = 0; e < E; ++e) bias[e] += delta[static_cast<size_t>(e)] - dmean;
+}
+
 }  // namespace titan::ops
