@@ -3,11 +3,17 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
+
+#include "titan/checkpoint/safetensors.h"
 
 namespace {
 
@@ -131,8 +137,8 @@ TEST(Cli, BadHuggingFaceDirectories) {
   expect_error(eval + d, "field 'architectures'");
   d = broken_hf_dir("nohidden", [](const std::string& dir) {
     std::ofstream(dir + "/config.json")
-        << R"({"vocab_size": 1000, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "intermediate_size": 64})";
+        << R"({"model_type": "qwen3", "vocab_size": 1000, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 64})";
   });
   expect_error(eval + d, "field 'hidden_size' is required");
   d = broken_hf_dir("shape", [](const std::string& dir) {
@@ -301,6 +307,40 @@ TEST(Cli, TrainsOnATokenShardWithValidation) {
   int validation = 0;
   while (std::getline(j, line)) validation += line.find("\"validation_loss\"") != std::string::npos;
   EXPECT_EQ(validation, 2);
+}
+
+// ---- bad input: each is one `titan: error:` line naming the file or field (exit 1), never a
+// signal or an internal error.
+
+// num_attention_heads 0 without head_dim: SIGFPE (no message) in train, eval and config show.
+TEST(CliBadInput, ZeroHeadsInConfigJson) {
+  const std::string d = broken_hf_dir("zero_heads", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json")
+        << R"({"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": 0, "intermediate_size": 64})";
+  });
+  const std::string want = d + "/config.json: field 'num_attention_heads' must be positive, got 0";
+  expect_error("config show --config qwen3_debugmodel --model.hf_assets_path " + d, want);
+  expect_error("train --config qwen3_debugmodel --model.hf_assets_path " + d, want);
+  expect_error("eval --config qwen3_debugmodel --model.hf_assets_path " + d, want);
+}
+
+// config.json a directory: basic_filebuf::underflow (internal error); no model_type or
+// architectures: loaded as Qwen3.
+TEST(CliBadInput, ConfigJsonNotAFileOrNotQwen3) {
+  std::string d = broken_hf_dir("dir_config", [](const std::string& dir) {
+    std::filesystem::remove(dir + "/config.json");
+    std::filesystem::create_directories(dir + "/config.json");
+  });
+  expect_error("eval --config qwen3_debugmodel --model.hf_assets_path " + d,
+               d + "/config.json: not a regular file");
+  d = broken_hf_dir("untyped", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json")
+        << R"({"vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 64})";
+  });
+  expect_error("config show --config qwen3_debugmodel --model.hf_assets_path " + d,
+               "field 'model_type' is missing (and so is 'architectures')");
 }
 
 }  // namespace

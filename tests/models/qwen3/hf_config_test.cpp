@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "test_util.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/state_dict_adapter.h"
 
@@ -87,6 +90,53 @@ TEST(HfConfig, RefusesWhatItCannotBuild) {
   j = base();
   j["num_hidden_layers"] = "28";
   EXPECT_NE(error_of(j).find("'num_hidden_layers' must be an integer"), std::string::npos);
+}
+
+// A config.json with num_attention_heads 0 and no head_dim divided by zero (SIGFPE, no message).
+TEST(HfConfig, ZeroHeadsWithoutHeadDimIsNamed) {
+  json j = base();
+  j.erase("head_dim");
+  j["num_attention_heads"] = 0;
+  EXPECT_NE(error_of(j).find("X/config.json: field 'num_attention_heads' must be positive, got 0"),
+            std::string::npos)
+      << error_of(j);
+  j["num_attention_heads"] = -3;
+  EXPECT_NE(error_of(j).find("'num_attention_heads' must be positive, got -3"), std::string::npos);
+}
+
+// Neither model_type nor architectures (or architectures as a string) loaded as Qwen3.
+TEST(HfConfig, NeedsModelTypeOrArchitecturesList) {
+  json j = base();
+  j.erase("model_type");
+  j.erase("architectures");
+  EXPECT_NE(error_of(j).find("X/config.json: field 'model_type' is missing (and so is "
+                             "'architectures')"),
+            std::string::npos)
+      << error_of(j);
+  j["architectures"] = "Qwen3ForCausalLM";
+  EXPECT_NE(error_of(j).find("field 'architectures' must be a list"), std::string::npos)
+      << error_of(j);
+  j["architectures"] = {"Qwen3ForCausalLM"};  // either one is enough
+  EXPECT_EQ(error_of(j), "");
+  j = base();
+  j.erase("architectures");
+  EXPECT_EQ(error_of(j), "");
+  // Only architectures naming the MoE class: read as MoE (num_experts is not ignored).
+  j = base();
+  j.erase("model_type");
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["num_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 32;
+  EXPECT_EQ(args_from_hf_json(j, "x").num_experts, 4);
+}
+
+// config.json being a directory threw basic_filebuf::underflow (an internal error).
+TEST(HfConfig, ConfigJsonMustBeARegularFile) {
+  const std::string d = titan::testing::fresh_temp_dir("hf_dir_config");
+  std::filesystem::create_directories(d + "/config.json");
+  const std::string msg = titan::testing::error_of([&] { args_from_hf_config(d); });
+  EXPECT_NE(msg.find(d + "/config.json: not a regular file"), std::string::npos) << msg;
 }
 
 TEST(HfConfig, WrittenConfigReadsBack) {

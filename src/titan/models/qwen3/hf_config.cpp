@@ -1,19 +1,36 @@
 #include "titan/models/qwen3/hf_config.h"
 
+#include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "titan/core/error.h"
 
 namespace titan::qwen3 {
+namespace {
+constexpr std::uintmax_t kMaxConfigBytes = 16u << 20;
+}  // namespace
 
 using nlohmann::json;
 
 Qwen3Args args_from_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(path, ec);
+  check(exists, path +
+                    ": cannot read; model.hf_assets_path must be a Hugging Face model "
+                    "directory with config.json");
+  // A directory, a FIFO or /dev/zero would fail deep in the stream or never end.
+  check(std::filesystem::is_regular_file(path, ec),
+        path +
+            ": not a regular file; model.hf_assets_path must be a Hugging Face model "
+            "directory with a config.json file");
+  const auto size = std::filesystem::file_size(path, ec);
+  check(!ec && size <= kMaxConfigBytes, path + ": " + std::to_string(size) +
+                                            " bytes, too large for a model config.json "
+                                            "(at most 16 MiB)");
   std::ifstream f(path);
-  check(f.good(), path +
-                      ": cannot read; model.hf_assets_path must be a Hugging Face model "
-                      "directory with config.json");
+  check(f.good(), path + ": cannot read");
   json cfg = json::parse(f, nullptr, false);
   check(!cfg.is_discarded() && cfg.is_object(), path + ": not a valid JSON object");
   return args_from_hf_json(cfg, path);
@@ -33,17 +50,31 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
     if (!cfg[k].is_boolean()) fail(k, "must be true or false");
     return cfg[k].get<bool>();
   };
-  if (cfg.contains("architectures") && cfg["architectures"].is_array()) {
+  // Which model this is: model_type (what transformers' AutoConfig reads) and/or architectures
+  // (a list of class names). Without either the file could be any model; refuse it.
+  const bool has_type = cfg.contains("model_type") && !cfg["model_type"].is_null();
+  const bool has_arch = cfg.contains("architectures") && !cfg["architectures"].is_null();
+  if (!has_type && !has_arch)
+    fail("model_type",
+         "is missing (and so is 'architectures'); a Qwen3 config.json has \"model_type\": "
+         "\"qwen3\" or \"qwen3_moe\"");
+  bool moe_arch = false;
+  if (has_arch) {
+    if (!cfg["architectures"].is_array())
+      fail("architectures", "must be a list of class names such as [\"Qwen3ForCausalLM\"], got " +
+                                cfg["architectures"].dump());
     bool ok = false;
-    for (const auto& a : cfg["architectures"])
+    for (const auto& a : cfg["architectures"]) {
       ok |= a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM";
+      moe_arch |= a == "Qwen3MoeForCausalLM";
+    }
     if (!ok)
       fail("architectures", cfg["architectures"].dump() +
                                 " is not supported; titan builds Qwen3ForCausalLM and "
                                 "Qwen3MoeForCausalLM from config.json");
   }
-  const bool moe_type = cfg.contains("model_type") && cfg["model_type"] == "qwen3_moe";
-  if (cfg.contains("model_type") && cfg["model_type"] != "qwen3" && !moe_type)
+  const bool moe_type = has_type ? cfg["model_type"] == "qwen3_moe" : moe_arch;
+  if (has_type && cfg["model_type"] != "qwen3" && !moe_type)
     fail("model_type",
          cfg["model_type"].dump() + " is not supported; expected \"qwen3\" or \"qwen3_moe\"");
 
@@ -55,6 +86,10 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
   a.n_kv_heads = cfg.contains("num_key_value_heads") && !cfg["num_key_value_heads"].is_null()
                      ? get_int("num_key_value_heads")
                      : a.n_heads;
+  // transformers: head_dim = hidden_size // num_attention_heads when absent; check the divisor
+  // first (0 would stop the process with SIGFPE).
+  if (a.n_heads <= 0)
+    fail("num_attention_heads", "must be positive, got " + std::to_string(a.n_heads));
   a.head_dim = cfg.contains("head_dim") && !cfg["head_dim"].is_null() ? get_int("head_dim")
                                                                       : a.dim / a.n_heads;
   a.hidden_dim = get_int("intermediate_size");
