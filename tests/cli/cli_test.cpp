@@ -343,4 +343,43 @@ TEST(CliBadInput, ConfigJsonNotAFileOrNotQwen3) {
                "field 'model_type' is missing (and so is 'architectures')");
 }
 
+// Silently ignored before: logits_out without tokens_path; a job file that is a directory,
+// /dev/zero, or names another job file.
+TEST(CliBadInput, IgnoredOptionsAreRefused) {
+  expect_error("eval --config qwen3_debugmodel --eval.logits_out /tmp/x.safetensors",
+               "eval.logits_out needs eval.tokens_path");
+  const std::string d = temp_dir();
+  expect_error("config show --config qwen3_debugmodel --job.config_file " + d,
+               "--job.config_file '" + d + "' is not a regular file");
+  expect_error("config show --config qwen3_debugmodel --job.config_file /dev/zero",
+               "--job.config_file '/dev/zero' is not a regular file");
+  const std::string outer = d + "/outer_job.toml";
+  std::ofstream(outer) << "[job]\nconfig_file = \"other.toml\"\n";
+  expect_error("config show --config qwen3_debugmodel --job.config_file " + outer,
+               outer + ":2: job.config_file inside a job file is not applied");
+}
+
+// Misleading messages before: a second --config ("did you mean --model.dim?"), global batch 0
+// ("must be a multiple"), a train example for eval, an unhelpful check-kernel hint.
+TEST(CliBadInput, MessagesSayWhatIsWrong) {
+  expect_error("config show --config qwen3_debugmodel --config qwen3_0_6b",
+               "--config given twice ('qwen3_debugmodel' and 'qwen3_0_6b')");
+  expect_error("train --config qwen3_debugmodel --training.global_batch_size 0",
+               "training.global_batch_size must be positive (or -1");
+  expect_error("eval --model.hf_assets_path x",
+               "--config is required, for example: titan eval --config qwen3_debugmodel "
+               "--model.hf_assets_path DIR");
+  expect_error("check-kernel", "for example: titan check-kernel --config");
+  expect_error("config show", "for example: titan config show --config qwen3_debugmodel");
+  const Result r = titan(
+      "check-kernel --config qwen3_debugmodel --model.n_layers 1 "
+      "--training.seq_len 16 --override.imports " +
+      std::string(TITAN_PLUGIN_DIR) + "/libtitan_token_experts.so");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("libtitan_token_experts.so' replaced no RoPE or grouped-experts kernel"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("pass --override.imports"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 
+#include "test_util.h"
 #include "titan/config/builtin_configs.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/spec.h"
@@ -157,6 +158,141 @@ TEST(JobConfig, TomlErrorsNameFileLineAndKey) {
   EXPECT_NE(err("[training]\nsteps = \"many\"\n").find("training.steps expects an integer"),
             std::string::npos);
   EXPECT_NE(err("[training\nsteps = 3\n").find("bad.toml:1"), std::string::npos);
+}
+
+// Values torch.optim.AdamW refuses, and a schedule floor above the peak, were accepted.
+TEST(JobConfig, OptimizerAndScheduleRanges) {
+  auto msg = [](void (*edit)(JobConfig&)) {
+    JobConfig c;
+    edit(c);
+    return titan::testing::error_of([&] { validate(c); });
+  };
+  EXPECT_EQ(msg([](JobConfig&) {}), "");
+  EXPECT_NE(msg([](JobConfig& c) {
+              c.optimizer.beta1 = 1.0;
+            }).find("optimizer.beta1 must be in [0, 1) (Invalid beta parameter at index 0: 1)"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) { c.optimizer.beta1 = -0.1; }).find("optimizer.beta1"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) {
+              c.optimizer.beta2 = -0.5;
+            }).find("Invalid beta parameter at index 1: -0.5"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) { c.optimizer.beta2 = 1.0; }).find("optimizer.beta2"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) {
+              c.optimizer.weight_decay = -0.1;
+            }).find("optimizer.weight_decay must not be negative"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) { c.optimizer.eps = -1e-8; }).find("optimizer.eps"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) {
+              c.lr_scheduler.min_lr_factor = 1.5;
+            }).find("lr_scheduler.min_lr_factor must be in [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(msg([](JobConfig& c) {
+              c.lr_scheduler.min_lr_factor = -0.5;
+            }).find("lr_scheduler.min_lr_factor"),
+            std::string::npos);
+  EXPECT_EQ(msg([](JobConfig& c) {
+              c.optimizer.beta1 = 0;
+              c.lr_scheduler.min_lr_factor = 1;
+            }),
+            "");
+}
+
+// global_batch_size 0 said "must be -1 or a multiple of local_batch_size" (0 is a multiple).
+TEST(JobConfig, GlobalBatchMustBePositive) {
+  JobConfig c;
+  c.training.global_batch_size = 0;
+  const std::string m = titan::testing::error_of([&] { validate(c); });
+  EXPECT_NE(m.find("training.global_batch_size must be positive (or -1"), std::string::npos) << m;
+}
+
+// eval.logits_out without eval.tokens_path was silently ignored.
+TEST(JobConfig, LogitsOutNeedsTokensPath) {
+  JobConfig c;
+  c.eval.logits_out = "/tmp/logits.safetensors";
+  EXPECT_NE(
+      titan::testing::error_of([&] { validate(c); }).find("eval.logits_out needs eval.tokens_path"),
+      std::string::npos);
+  c.eval.tokens_path = "/tmp/ids.safetensors";
+  EXPECT_EQ(titan::testing::error_of([&] { validate(c); }), "");
+}
+
+// 2^64-1 said only "expects an integer"; the value is an integer, just out of range.
+TEST(JobConfig, OutOfRangeIntegerSaysSo) {
+  JobConfig c;
+  const std::string m = error_of(c, {"--model.vocab_size", "18446744073709551615"});
+  EXPECT_NE(m.find("--model.vocab_size expects an integer, got '18446744073709551615', which is "
+                   "out of range"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(error_of(c, {"--optimizer.lr", "1e999"}).find("out of range"), std::string::npos);
+}
+
+// A TOML array for an integer field said "must be a list of strings".
+TEST(JobConfig, TomlListForAScalarFieldNamesTheType) {
+  JobConfig c;
+  std::string m = titan::testing::error_of(
+      [&] { apply_toml_file(c, write_temp("list.toml", "[training]\nsteps = [1, 2]\n")); });
+  EXPECT_NE(m.find("list.toml:2: training.steps expects an integer, got a list"), std::string::npos)
+      << m;
+  m = titan::testing::error_of(
+      [&] { apply_toml_file(c, write_temp("list.toml", "[optimizer]\nlr = [\"a\"]\n")); });
+  EXPECT_NE(m.find("optimizer.lr expects a number, got a list"), std::string::npos) << m;
+  // String fields that take lists still do.
+  apply_toml_file(c, write_temp("list.toml", "[override]\nimports = [\"a.so\", \"b.so\"]\n"));
+  EXPECT_EQ(c.override_.imports, "a.so,b.so");
+  m = titan::testing::error_of(
+      [&] { apply_toml_file(c, write_temp("list.toml", "[override]\nimports = [1]\n")); });
+  EXPECT_NE(m.find("list.toml:2: override.imports must be a string or a list of strings"),
+            std::string::npos)
+      << m;
+}
+
+// --job.config_file naming a directory or /dev/zero, and a job file naming another, were ignored
+// (or read forever).
+TEST(JobConfig, JobFileMustBeOneRegularFile) {
+  register_builtin_configs();
+  const std::string dir = titan::testing::fresh_temp_dir("job_dir");
+  std::string m = titan::testing::error_of([&] {
+    build_job_config("qwen3_debugmodel", {"--job.config_file", dir});
+  });
+  EXPECT_NE(m.find("--job.config_file '" + dir + "' is not a regular file"), std::string::npos)
+      << m;
+  m = titan::testing::error_of(
+      [&] { build_job_config("qwen3_debugmodel", {"--job.config_file=/dev/zero"}); });
+  EXPECT_NE(m.find("'/dev/zero' is not a regular file"), std::string::npos) << m;
+  const std::string inner = write_temp("inner.toml", "[training]\nsteps = 5\n");
+  const std::string outer =
+      write_temp("outer.toml", "[job]\nconfig_file = \"" + inner + "\"\n[training]\nsteps = 7\n");
+  m = titan::testing::error_of([&] {
+    build_job_config("qwen3_debugmodel", {"--job.config_file", outer});
+  });
+  EXPECT_NE(m.find("outer.toml:2: job.config_file inside a job file is not applied"),
+            std::string::npos)
+      << m;
+  m = titan::testing::error_of([&] {
+    build_job_config("qwen3_debugmodel", {"--job.config_file", inner, "--job.config_file", inner});
+  });
+  EXPECT_NE(m.find("--job.config_file given more than once"), std::string::npos) << m;
+}
+
+// A config saved from a run with a job file reads back (it names no job file: already merged).
+TEST(JobConfig, SavedConfigOfAJobFileRunReadsBack) {
+  register_builtin_configs();
+  const std::string job = write_temp("job2.toml", "[training]\nsteps = 17\n");
+  const std::string out = write_temp("saved2.toml", "");
+  JobConfig a = build_job_config("qwen3_debugmodel",
+                                 {"--job.config_file", job, "--debug.save_config_file", out});
+  JobConfig b =
+      build_job_config("qwen3_0_6b", {"--job.config_file", out, "--debug.save_config_file", ""});
+  EXPECT_EQ(b.training.steps, 17);
+  a.debug.save_config_file.clear();
+  a.job.config_file.clear();
+  b.job.config_file.clear();
+  EXPECT_EQ(to_string(a), to_string(b));
 }
 
 TEST(JobConfig, UnknownConfigListsNames) {

@@ -58,30 +58,45 @@ void load_modules(std::vector<std::string>& args) {
   }
 }
 
-// Removes "--config NAME" / "--config=NAME" from args and returns NAME.
-std::string take_config_name(std::vector<std::string>& args) {
+// An example command line for `cmd`, for the "--config is required" message.
+std::string example(const std::string& cmd) {
+  if (cmd == "eval") return "titan eval --config qwen3_debugmodel --model.hf_assets_path DIR";
+  if (cmd == "check-kernel")
+    return "titan check-kernel --config qwen3_debugmodel --override.imports LIB";
+  if (cmd == "config show") return "titan config show --config qwen3_debugmodel";
+  return "titan train --config qwen3_debugmodel";
+}
+
+// Removes "--config NAME" / "--config=NAME" from args and returns NAME; `cmd` names the command
+// for the messages.
+std::string take_config_name(std::vector<std::string>& args, const std::string& cmd) {
   std::string name;
-  for (size_t i = 0; i < args.size(); ++i) {
+  bool found = false;
+  for (size_t i = 0; i < args.size();) {
+    std::string value;
     if (args[i] == "--config") {
       titan::check(i + 1 < args.size(), "--config needs a name; 'titan config list' shows them");
-      name = args[i + 1];
+      value = args[i + 1];
       args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
-      break;
-    }
-    if (args[i].rfind("--config=", 0) == 0) {
-      name = args[i].substr(9);
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      value = args[i].substr(9);
       args.erase(args.begin() + static_cast<long>(i));
-      break;
+    } else {
+      ++i;
+      continue;
     }
+    titan::check(!found, "--config given twice ('" + name + "' and '" + value +
+                             "'); pass one config and change fields with --section.field flags");
+    found = true;
+    name = value;
   }
-  titan::check(!name.empty(),
-               "--config is required, for example: titan train --config qwen3_debugmodel");
+  titan::check(!name.empty(), "--config is required, for example: " + example(cmd));
   return name;
 }
 
-titan::config::JobConfig build_config(std::vector<std::string> args) {
+titan::config::JobConfig build_config(std::vector<std::string> args, const std::string& cmd) {
   load_modules(args);
-  std::string name = take_config_name(args);
+  std::string name = take_config_name(args, cmd);
   return titan::config::build_job_config(name, args, titan::models::validate_model_config);
 }
 
@@ -174,7 +189,7 @@ int run(std::vector<std::string> args) {
   const std::string cmd = args[0];
   args.erase(args.begin());
   if (cmd == "train") {
-    titan::config::JobConfig cfg = build_config(args);
+    titan::config::JobConfig cfg = build_config(args, cmd);
     if (cfg.debug.print_config)
       std::printf("%s%s", titan::config::to_string(cfg).c_str(), resolved_model(cfg).c_str());
     titan::train::Trainer trainer(cfg);
@@ -182,7 +197,7 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   if (cmd == "eval") {
-    titan::config::JobConfig cfg = build_config(args);
+    titan::config::JobConfig cfg = build_config(args, cmd);
     titan::train::EvalResult r = titan::train::evaluate(cfg);
     std::printf("eval: loss %.6f  perplexity %.4f  tokens %lld\n", r.loss, r.perplexity,
                 static_cast<long long>(r.tokens));
@@ -196,7 +211,7 @@ int run(std::vector<std::string> args) {
     return plan.total() <= titan::cpu::total_memory_bytes() ? 0 : 1;
   }
   if (cmd == "check-kernel") {
-    titan::config::JobConfig cfg = build_config(args);
+    titan::config::JobConfig cfg = build_config(args, cmd);
     return titan::train::check_kernels(cfg) ? 0 : 1;
   }
   if (cmd == "config") {
@@ -209,7 +224,7 @@ int run(std::vector<std::string> args) {
       return 0;
     }
     titan::check(sub == "show", "unknown 'titan config " + sub + "'; use show or list");
-    titan::config::JobConfig cfg = build_config(args);
+    titan::config::JobConfig cfg = build_config(args, "config show");
     std::printf("# config %s\n%s%s", "resolved", titan::config::to_string(cfg).c_str(),
                 resolved_model(cfg).c_str());
     return 0;

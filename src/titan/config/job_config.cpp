@@ -160,15 +160,22 @@ void parse_value(const std::string& flag, const std::string& value, FieldRef ref
           errno = 0;
           char* end = nullptr;
           long long v = std::strtoll(value.c_str(), &end, 10);
-          if (value.empty() || *end != '\0' || errno == ERANGE)
+          if (value.empty() || *end != '\0')
             throw Error(flag + " expects an integer, got '" + value + "'");
+          if (errno == ERANGE)
+            throw Error(flag + " expects an integer, got '" + value +
+                        "', which is out of range (integers go from -9223372036854775808 to "
+                        "9223372036854775807)");
           *p = v;
         } else {
           errno = 0;
           char* end = nullptr;
           double v = std::strtod(value.c_str(), &end);
-          if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+          if (value.empty() || *end != '\0')
             throw Error(flag + " expects a number, got '" + value + "'");
+          if (errno == ERANGE && std::fabs(v) > 1)  // overflow (underflow rounds to 0: fine)
+            throw Error(flag + " expects a number, got '" + value + "', which is out of range");
+          if (!std::isfinite(v)) throw Error(flag + " expects a number, got '" + value + "'");
           *p = v;
         }
       },
@@ -272,7 +279,32 @@ std::string to_string(JobConfig& c) {
   return os.str();
 }
 
+namespace {
+// What a field of this kind expects, for messages.
+std::string expected_type(const FieldRef& ref) {
+  if (std::holds_alternative<int64_t*>(ref)) return "an integer";
+  if (std::holds_alternative<double*>(ref)) return "a number";
+  if (std::holds_alternative<bool*>(ref)) return "true or false";
+  return "a string";
+}
+
+// Job files are small text files: a directory, a FIFO or /dev/zero is refused before reading.
+constexpr std::uintmax_t kMaxJobFileBytes = 16u << 20;
+
+void check_job_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  check(std::filesystem::exists(path, ec), what + " '" + path + "' does not exist");
+  check(std::filesystem::is_regular_file(path, ec),
+        what + " '" + path + "' is not a regular file (a TOML job file is expected)");
+  const auto size = std::filesystem::file_size(path, ec);
+  check(!ec, what + " '" + path + "': cannot read its size (" + ec.message() + ")");
+  check(size <= kMaxJobFileBytes, what + " '" + path + "' is " + std::to_string(size) +
+                                      " bytes; a TOML job file is at most 16 MiB");
+}
+}  // namespace
+
 void apply_toml_file(JobConfig& c, const std::string& path) {
+  check_job_file(path, "job file");
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -281,22 +313,44 @@ void apply_toml_file(JobConfig& c, const std::string& path) {
     throw Error(path + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) + ": " +
                 std::string(e.description()));
   }
-  auto text = [&](const toml::node& v, const std::string& key) -> std::string {
-    if (auto s = v.as_string()) return s->get();
-    if (auto i = v.as_integer()) return std::to_string(i->get());
-    if (auto d = v.as_floating_point()) return shortest(d->get());
-    if (auto b = v.as_boolean()) return b->get() ? "true" : "false";
-    if (auto a = v.as_array()) {  // list fields take comma-separated text, as on the command line
-      std::string r;
+  std::vector<Field> fs = fields(c);
+  auto apply = [&](const toml::node& v, const std::string& key) {
+    const std::string at = path + ":" + std::to_string(v.source().begin.line);
+    auto it = std::find_if(fs.begin(), fs.end(), [&](const Field& f) { return f.name == key; });
+    if (it == fs.end()) {
+      set_field(c, key, "", at);  // throws: unknown key, with the nearest name
+      return;
+    }
+    std::string text;
+    if (auto s = v.as_string()) {
+      text = s->get();
+    } else if (auto i = v.as_integer()) {
+      text = std::to_string(i->get());
+    } else if (auto d = v.as_floating_point()) {
+      text = shortest(d->get());
+    } else if (auto b = v.as_boolean()) {
+      text = b->get() ? "true" : "false";
+    } else if (auto a = v.as_array()) {
+      // String fields that take lists (dataset paths, override.imports) take a list of strings,
+      // joined with commas as on the command line; no other field takes a list.
+      check(std::holds_alternative<std::string*>(it->ref),
+            at + ": " + key + " expects " + expected_type(it->ref) + ", got a list");
       for (const auto& x : *a) {
         const auto* s = x.as_string();
-        check(s != nullptr, path + ": " + key + " must be a list of strings");
-        r += (r.empty() ? "" : ",") + s->get();
+        check(s != nullptr, at + ": " + key + " must be a string or a list of strings");
+        text += (text.empty() ? "" : ",") + s->get();
       }
-      return r;
+    } else {
+      throw Error(at + ": " + key + " expects " + expected_type(it->ref) +
+                  ", got a value of another TOML type");
     }
-    throw Error(path + ":" + std::to_string(v.source().begin.line) + ": " + key +
-                " has a value of an unsupported TOML type");
+    // Job files do not nest: a config_file inside one would be silently ignored.
+    check(key != "job.config_file" || text.empty(),
+          at +
+              ": job.config_file inside a job file is not applied (job files do not nest); "
+              "merge '" +
+              text + "' into this file or pass --job.config_file on the command line");
+    set_field(c, key, text, at);
   };
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
@@ -304,10 +358,10 @@ void apply_toml_file(JobConfig& c, const std::string& path) {
       for (const auto& [k2, v2] : *t) {
         const std::string name = key + "." + std::string(k2.str());
         check(!v2.is_table(), path + ": nested table '" + name + "' is not a config field");
-        set_field(c, name, text(v2, name), path + ":" + std::to_string(v2.source().begin.line));
+        apply(v2, name);
       }
     } else {
-      set_field(c, key, text(v, key), path + ":" + std::to_string(v.source().begin.line));
+      apply(v, key);
     }
   }
 }
@@ -318,18 +372,22 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   // The TOML file comes first whatever its position among the flags: flags > TOML > function.
   std::vector<std::string> rest;
   std::string file;
+  int files = 0;
   for (size_t i = 0; i < flags.size(); ++i) {
     if (flags[i] == "--job.config_file") {
       check(i + 1 < flags.size(), "--job.config_file needs a path");
       file = flags[++i];
+      ++files;
     } else if (flags[i].rfind("--job.config_file=", 0) == 0) {
       file = flags[i].substr(18);
+      ++files;
     } else {
       rest.push_back(flags[i]);
     }
   }
+  check(files <= 1, "--job.config_file given more than once; pass one job file");
   if (!file.empty()) {
-    check(std::filesystem::exists(file), "--job.config_file '" + file + "' does not exist");
+    check_job_file(file, "--job.config_file");
     apply_toml_file(c, file);
     c.job.config_file = file;
   }
@@ -339,8 +397,14 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   if (!c.debug.save_config_file.empty()) {
     const std::string tmp = c.debug.save_config_file + ".tmp";
     {
+      // The resolved config: a job file it came from is already merged in, so the saved file
+      // names none (job files do not nest).
+      JobConfig saved = c;
+      saved.job.config_file.clear();
       std::ofstream f(tmp);
-      f << to_string(c);
+      if (!c.job.config_file.empty())
+        f << "# resolved config; includes the job file '" << c.job.config_file << "'\n";
+      f << to_string(saved);
       check(f.good(), "cannot write debug.save_config_file '" + c.debug.save_config_file + "'");
     }
     std::filesystem::rename(tmp, c.debug.save_config_file);
@@ -354,15 +418,35 @@ void validate(const JobConfig& c) {
   check(t.seq_len > 0, "training.seq_len must be positive");
   check(t.steps > 0, "training.steps must be positive");
   check(t.max_norm > 0, "training.max_norm must be positive");
-  check(t.global_batch_size == -1 ||
-            (t.global_batch_size > 0 && t.global_batch_size % t.local_batch_size == 0),
+  check(t.global_batch_size == -1 || t.global_batch_size > 0,
+        "training.global_batch_size must be positive (or -1: local_batch_size × data-parallel "
+        "degree), got " +
+            std::to_string(t.global_batch_size));
+  check(t.global_batch_size == -1 || t.global_batch_size % t.local_batch_size == 0,
         "training.global_batch_size (" + std::to_string(t.global_batch_size) +
             ") must be -1 or a multiple of training.local_batch_size (" +
             std::to_string(t.local_batch_size) + ")");
-  check(c.optimizer.name == "AdamW",
-        "optimizer.name '" + c.optimizer.name + "' is not supported; use AdamW");
-  check(c.optimizer.lr >= 0, "optimizer.lr must not be negative");
+  const auto& o = c.optimizer;
+  check(o.name == "AdamW", "optimizer.name '" + o.name + "' is not supported; use AdamW");
+  // torch.optim.AdamW's checks, in its words.
+  check(o.lr >= 0,
+        "optimizer.lr must not be negative (Invalid learning rate: " + shortest(o.lr) + ")");
+  check(o.eps >= 0,
+        "optimizer.eps must not be negative (Invalid epsilon value: " + shortest(o.eps) + ")");
+  check(o.beta1 >= 0 && o.beta1 < 1,
+        "optimizer.beta1 must be in [0, 1) (Invalid beta parameter at index 0: " +
+            shortest(o.beta1) + ")");
+  check(o.beta2 >= 0 && o.beta2 < 1,
+        "optimizer.beta2 must be in [0, 1) (Invalid beta parameter at index 1: " +
+            shortest(o.beta2) + ")");
+  check(o.weight_decay >= 0,
+        "optimizer.weight_decay must not be negative (Invalid weight_decay value: " +
+            shortest(o.weight_decay) + ")");
   check(c.lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
+  check(c.lr_scheduler.min_lr_factor >= 0 && c.lr_scheduler.min_lr_factor <= 1,
+        "lr_scheduler.min_lr_factor must be in [0, 1] (the floor of the decay as a fraction of "
+        "optimizer.lr), got " +
+            shortest(c.lr_scheduler.min_lr_factor));
   const std::string& dt = c.lr_scheduler.decay_type;
   check(dt == "linear" || dt == "sqrt" || dt == "cosine",
         "lr_scheduler.decay_type '" + dt + "' must be linear, sqrt or cosine");
@@ -397,6 +481,9 @@ void validate(const JobConfig& c) {
   check(!c.dataloader.tokenizer.empty(),
         "dataloader.tokenizer is empty; use byte or a tokenizer.json path");
   check(!c.dataloader.text_field.empty(), "dataloader.text_field must name a JSON field");
+  check(c.eval.logits_out.empty() || !c.eval.tokens_path.empty(),
+        "eval.logits_out needs eval.tokens_path (the logits are written for the token ids in "
+        "that file)");
   const auto& vc = c.validator;
   check(vc.freq > 0, "validator.freq must be positive");
   check(vc.steps == -1 || vc.steps > 0, "validator.steps must be -1 (the whole set) or positive");

@@ -7,7 +7,9 @@
 #include <random>
 #include <vector>
 
+#include "titan/core/cpu.h"
 #include "titan/core/dtype.h"
+#include "titan/core/error.h"
 #include "titan/core/log.h"
 #include "titan/models/qwen3/modules.h"
 #include "titan/models/qwen3/spec.h"
@@ -220,7 +222,14 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
     }
   }
   if (checked == 0) {
-    log::warn("check-kernel: no override replaced a kernel; pass --override.imports");
+    if (cfg.override_.imports.empty()) {
+      log::warn("check-kernel: no override replaced a kernel; pass --override.imports");
+    } else {
+      log::warn("check-kernel: --override.imports '" + cfg.override_.imports +
+                "' replaced no RoPE or grouped-experts kernel of this model, so there is nothing "
+                "to compare (the lines above show what was replaced); check that its overrides "
+                "target this model's nodes");
+    }
     return false;
   }
   log::info(ok ? "check-kernel: all outputs within tolerance" : "check-kernel: FAILED tolerance");
