@@ -312,6 +312,13 @@ TEST(Cli, TrainsOnATokenShardWithValidation) {
 // ---- bad input: each is one `titan: error:` line naming the file or field (exit 1), never a
 // signal or an internal error.
 
+std::string tiny_train(const std::string& dump) {
+  return "train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 --training.steps 1 "
+         "--training.seq_len 16 --training.local_batch_size 1 --metrics.peak_flops 1e11 "
+         "--metrics.enable_jsonl false --dump_folder " +
+         dump;
+}
+
 // num_attention_heads 0 without head_dim: SIGFPE (no message) in train, eval and config show.
 TEST(CliBadInput, ZeroHeadsInConfigJson) {
   const std::string d = broken_hf_dir("zero_heads", [](const std::string& dir) {
@@ -323,6 +330,39 @@ TEST(CliBadInput, ZeroHeadsInConfigJson) {
   expect_error("config show --config qwen3_debugmodel --model.hf_assets_path " + d, want);
   expect_error("train --config qwen3_debugmodel --model.hf_assets_path " + d, want);
   expect_error("eval --config qwen3_debugmodel --model.hf_assets_path " + d, want);
+}
+
+// Absurd sizes: std::bad_alloc or a wrapped -1 before; now one line naming the field or the
+// memory the model needs.
+TEST(CliBadInput, AbsurdModelSizes) {
+  const std::string t = tiny_train(temp_dir() + "/absurd");
+  expect_error(t + " --model.hidden_dim 10000000000",
+               "for its parameters, gradients and optimizer state; this machine has");
+  expect_error(t + " --model.vocab_size 1000000000000",
+               "model.vocab_size 1000000000000 is out of range (token ids are 32-bit");
+  expect_error(
+      "train --config qwen3_debugmodel_moe --training.seq_len 16 --model.num_experts 1000000",
+      "(or model.num_experts, model.moe_hidden_dim)");
+  expect_error(t + " --model.vocab_size 18446744073709551615",
+               "got '18446744073709551615', which is out of range");
+  std::string d = broken_hf_dir("huge_vocab", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json")
+        << R"({"model_type": "qwen3", "vocab_size": 18446744073709551615, "hidden_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64})";
+  });
+  expect_error("eval --config qwen3_debugmodel --model.hf_assets_path " + d,
+               d + "/config.json: field 'vocab_size' is 18446744073709551615, out of range");
+  d = broken_hf_dir("huge_ffn", [](const std::string& dir) {
+    std::ofstream(dir + "/config.json")
+        << R"({"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 10000000000})";
+  });
+  expect_error("eval --config qwen3_debugmodel --training.seq_len 16 --model.hf_assets_path " + d,
+               "the model (" + d + "/config.json) needs");
+  expect_error(
+      "check-kernel --config qwen3_debugmodel_moe --training.seq_len 16 "
+      "--model.num_experts 1000000",
+      "check-kernel needs");
 }
 
 // config.json a directory: basic_filebuf::underflow (internal error); no model_type or
@@ -341,6 +381,22 @@ TEST(CliBadInput, ConfigJsonNotAFileOrNotQwen3) {
   });
   expect_error("config show --config qwen3_debugmodel --model.hf_assets_path " + d,
                "field 'model_type' is missing (and so is 'architectures')");
+}
+
+// A tokenizer.json id of 2e9 allocated until std::bad_alloc.
+TEST(CliBadInput, AbsurdTokenizerId) {
+  const std::string d = temp_dir() + "/huge_id_tok";
+  std::filesystem::create_directories(d);
+  {
+    std::ifstream in(assets() + "/tokenizers/tiny-bpe-2k/tokenizer.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t v = text.find("\"vocab\"");
+    ASSERT_NE(v, std::string::npos);
+    const size_t brace = text.find('{', v);
+    text.insert(brace + 1, "\"zzzz\": 2000000000, ");
+    std::ofstream(d + "/tokenizer.json") << text;
+  }
+  expect_error("tokenize --tokenizer " + d + " --text hi", "id 2000000000 is out of range");
 }
 
 // Silently ignored before: logits_out without tokens_path; a job file that is a directory,

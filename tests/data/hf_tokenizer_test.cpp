@@ -475,6 +475,21 @@ TEST(HfTokenizer, RefusesUnsupportedTokenizers) {
   EXPECT_NE(load_error(dir.path()).find("invalid JSON"), std::string::npos);
 }
 
+// A vocabulary id of 2e9 sized the decoder tables by it: std::bad_alloc (an internal error).
+TEST(HfTokenizer, AbsurdIdIsRefusedBeforeAllocating) {
+  TempDir dir;
+  json j = tiny_json();
+  j["model"]["vocab"]["zzz"] = 2000000000;
+  dir.write("tokenizer.json", j.dump());
+  const std::string msg = load_error(dir.path());
+  EXPECT_NE(msg.find("vocab[\"zzz\"]: id 2000000000 is out of range"), std::string::npos) << msg;
+  EXPECT_NE(msg.find((dir.path() / "tokenizer.json").string()), std::string::npos) << msg;
+  j["model"]["vocab"]["zzz"] = 18446744073709551615ull;
+  dir.write("tokenizer.json", j.dump());
+  EXPECT_NE(load_error(dir.path()).find("id 18446744073709551615 is out of range"),
+            std::string::npos);
+}
+
 TEST(HfTokenizer, MissingFileNamesThePath) {
   const fs::path missing = fs::temp_directory_path() / "titan_no_such_tokenizer_dir";
   const std::string msg = load_error(missing);

@@ -205,7 +205,7 @@ int run(std::vector<std::string> args) {
   }
   if (cmd == "tokenize") return tokenize(args);
   if (cmd == "plan") {
-    titan::config::JobConfig cfg = build_config(args);
+    titan::config::JobConfig cfg = build_config(args, cmd);
     const titan::train::MemoryPlan plan = titan::train::plan_memory(cfg);
     std::printf("%s", plan.format().c_str());
     return plan.total() <= titan::cpu::total_memory_bytes() ? 0 : 1;

@@ -24,6 +24,8 @@
 namespace titan::data {
 namespace {
 namespace fs = std::filesystem;
+// Token ids must be below this (2^24): the id-indexed decoder tables stay under a gigabyte.
+constexpr uint64_t kMaxTokenIds = uint64_t{1} << 24;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
@@ -794,8 +796,15 @@ void HfTokenizer::Impl::load_model(const json& m, const std::string& file) {
     throw Error(where + ".vocab: missing; expected an object of token -> id");
   vocab.reserve(m["vocab"].size());
   for (const auto& [tok, idj] : m["vocab"].items()) {
-    if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() > INT32_MAX)
+    if (!idj.is_number_integer() || (!idj.is_number_unsigned() && idj.get<int64_t>() < 0))
       throw Error(where + ".vocab[\"" + tok + "\"]: expected a non-negative integer id");
+    // The decoder keeps a table indexed by id: an absurd id would allocate gigabytes.
+    if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= kMaxTokenIds
+                                 : idj.get<int64_t>() >= static_cast<int64_t>(kMaxTokenIds))
+      throw Error(where + ".vocab[\"" + tok + "\"]: id " + idj.dump() +
+                  " is out of range (titan supports ids below " + std::to_string(kMaxTokenIds) +
+                  "; released vocabularies have under 300,000); the tokenizer.json is likely "
+                  "corrupt");
     vocab.emplace(tok, static_cast<int32_t>(idj.get<int64_t>()));
   }
   model_vocab_len = vocab.size();

@@ -23,6 +23,10 @@ struct BuildOptions {
   bool allocate = true;  // false: a plan-only model (params() and activation_table() only)
   bool log_overrides = true;
   AcPolicy ac;  // activation checkpointing
+  // Bytes per parameter the caller will hold: the model's fp32 weights and gradients (8), plus
+  // the two AdamW moments when training (16). Checked against the machine's memory before
+  // anything is allocated.
+  int64_t bytes_per_param = 8;
 };
 
 struct ModelSpec {

@@ -197,6 +197,26 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   // on the model's layer shape (at most 1024 tokens, to keep the reference loop quick) and edge
   // shapes: one token, more experts than tokens (empty experts), all tokens to one expert.
   if (a.is_moe()) {
+    // Each case holds the three expert weights and, for both ops, their three gradients:
+    // 9 · E·F·D floats. Refuse before allocating what cannot fit.
+    int64_t efd = 0, bytes = 0;
+    const bool fits = !__builtin_mul_overflow(a.num_experts, a.moe_hidden_dim, &efd) &&
+                      !__builtin_mul_overflow(efd, a.dim, &efd) &&
+                      !__builtin_mul_overflow(efd, int64_t{36}, &bytes);
+    const int64_t mem = cpu::total_memory_bytes();
+    if (mem > 0 && (!fits || bytes > mem)) {
+      char buf[256];
+      std::snprintf(
+          buf, sizeof buf,
+          "check-kernel needs %.4g GiB for one MoE layer's expert weights and "
+          "gradients (9 × num_experts %lld × moe_hidden_dim %lld × dim %lld floats); "
+          "this machine has %.1f GiB; reduce model.num_experts or model.moe_hidden_dim",
+          36.0 * static_cast<double>(a.num_experts) * static_cast<double>(a.moe_hidden_dim) *
+              static_cast<double>(a.dim) / (1024.0 * 1024.0 * 1024.0),
+          static_cast<long long>(a.num_experts), static_cast<long long>(a.moe_hidden_dim),
+          static_cast<long long>(a.dim), static_cast<double>(mem) / (1024.0 * 1024.0 * 1024.0));
+      throw Error(buf);
+    }
     const auto experts = qwen3::experts_plan(*tree, a, cfg.training.local_batch_size * S);
     const ops::GroupedExpertsOp ref =
         plugin::Registry::global().op<ops::GroupedExpertsOp>("grouped_experts_reference");

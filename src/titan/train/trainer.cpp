@@ -29,6 +29,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   bo.ac = models::AcPolicy::from_config(cfg_.activation_checkpoint.mode,
                                         cfg_.activation_checkpoint.selective_ac_option);
+  bo.bytes_per_param = 16;  // weights, gradients and the two AdamW moments
   bo.allocate = false;
   bo.log_overrides = false;
   const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);

@@ -131,6 +131,23 @@ TEST(HfConfig, NeedsModelTypeOrArchitecturesList) {
   EXPECT_EQ(args_from_hf_json(j, "x").num_experts, 4);
 }
 
+// vocab_size 2^64-1 was read as -1 ("must be positive, got -1"); 1e12 allocated until bad_alloc.
+TEST(HfConfig, OutOfRangeSizesAreNamed) {
+  json j = base();
+  j["vocab_size"] = 18446744073709551615ull;
+  EXPECT_NE(error_of(j).find("field 'vocab_size' is 18446744073709551615, out of range"),
+            std::string::npos)
+      << error_of(j);
+  j["vocab_size"] = 1000000000000;
+  EXPECT_NE(error_of(j).find("X/config.json: model.vocab_size 1000000000000 is out of range"),
+            std::string::npos)
+      << error_of(j);
+  j = base();
+  j["intermediate_size"] = int64_t{1} << 62;
+  EXPECT_NE(error_of(j).find("overflow a 64-bit parameter count"), std::string::npos)
+      << error_of(j);
+}
+
 // config.json being a directory threw basic_filebuf::underflow (an internal error).
 TEST(HfConfig, ConfigJsonMustBeARegularFile) {
   const std::string d = titan::testing::fresh_temp_dir("hf_dir_config");

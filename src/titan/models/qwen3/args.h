@@ -44,8 +44,15 @@ struct Qwen3Args {
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
-  // Throws titan::Error naming the first inconsistent field.
+  // Parameters the model holds (a tied lm_head counted once), as Qwen3Model lays them out;
+  // false when the count overflows int64 (absurd sizes).
+  bool param_count(int64_t* out) const;
+  // Throws titan::Error naming the first inconsistent or out-of-range field, or the sizes whose
+  // parameter count overflows.
   void validate() const;
+
+ private:
+  void check_size() const;
 };
 
 // Names of the dense flavors, in size order.

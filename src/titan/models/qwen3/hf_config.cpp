@@ -43,6 +43,9 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
   auto get_int = [&](const char* k) -> int64_t {
     if (!cfg.contains(k) || cfg[k].is_null()) fail(k, "is required but missing");
     if (!cfg[k].is_number_integer()) fail(k, "must be an integer");
+    if (cfg[k].is_number_unsigned() &&
+        cfg[k].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(k, "is " + cfg[k].dump() + ", out of range");
     return cfg[k].get<int64_t>();
   };
   auto get_bool = [&](const char* k, bool dflt) {

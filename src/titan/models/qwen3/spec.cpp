@@ -1,7 +1,9 @@
 #include "titan/models/qwen3/spec.h"
 
 #include <cstdio>
+#include <limits>
 
+#include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/hf_config.h"
 #include "titan/models/qwen3/model.h"
@@ -39,14 +41,42 @@ Qwen3Args args_from_config(const config::JobConfig& c) {
   return a;
 }
 
+std::string model_source(const config::JobConfig& c) {
+  return c.model.hf_assets_path.empty() ? "flavor '" + c.model.flavor + "'"
+                                        : c.model.hf_assets_path + "/config.json";
+}
+
+void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, int64_t memory_bytes,
+                          const std::string& source) {
+  if (memory_bytes <= 0) return;
+  int64_t n = 0, bytes = 0;
+  const bool counted = a.param_count(&n);
+  if (counted && !__builtin_mul_overflow(n, bytes_per_param, &bytes) && bytes <= memory_bytes)
+    return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double need = counted ? static_cast<double>(n) * static_cast<double>(bytes_per_param)
+                              : std::numeric_limits<double>::infinity();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.4g GiB (%.4g parameters × %lld bytes)", need / kGiB,
+                static_cast<double>(n), static_cast<long long>(bytes_per_param));
+  std::string what = bytes_per_param >= 16 ? "parameters, gradients and optimizer state"
+                                           : "parameters and gradients";
+  char have[64];
+  std::snprintf(have, sizeof have, "%.1f GiB", static_cast<double>(memory_bytes) / kGiB);
+  throw Error("the model (" + source + ") needs " + buf + " for its " + what +
+              "; this machine has " + have +
+              " (MemTotal); reduce model.n_layers, model.dim, "
+              "model.hidden_dim or model.vocab_size" +
+              (a.is_moe() ? std::string(" (or model.num_experts, model.moe_hidden_dim)") : "") +
+              ", or pick a smaller model.flavor");
+}
+
 namespace {
 
 void validate(const config::JobConfig& c) {
   const Qwen3Args a = args_from_config(c);
   const int64_t seq_len = c.training.seq_len;
-  const std::string source = c.model.hf_assets_path.empty()
-                                 ? "flavor '" + c.model.flavor + "'"
-                                 : c.model.hf_assets_path + "/config.json";
+  const std::string source = model_source(c);
   check(seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(seq_len) +
                                       " exceeds the maximum context of " + source + " (" +
                                       std::to_string(a.max_seq_len) + ")");
@@ -94,6 +124,8 @@ models::ModelSpec model_spec() {
   s.build = [](const config::JobConfig& c, config::ModuleNode& tree,
                const models::BuildOptions& o) -> std::unique_ptr<models::Model> {
     const Qwen3Args a = args_from_config(c);
+    if (o.allocate)  // a plan-only model allocates nothing; the memory plan checks the whole run
+      check_fits_in_memory(a, o.bytes_per_param, cpu::total_memory_bytes(), model_source(c));
     return std::make_unique<Qwen3Model>(
         a, o.batch, o.seq_len, o.loss_chunks, rope_plan(tree, a, o.seq_len),
         experts_plan(tree, a, o.batch * o.seq_len), o.allocate, o.ac);
