@@ -529,6 +529,19 @@ TEST(SafetensorsBadFile, EachRuleRejectedWithFileAndTensorNamed) {
        raw_file(R"({"__metadata__":{"epoch":1}})"),
        {"__metadata__", "'epoch'"}},
       {"metadata_nested", raw_file(R"({"__metadata__":{"a":{"b":"c"}}})"), {"__metadata__", "'a'"}},
+      // The reference reader's Metadata::validate: the tensors tile the data section exactly.
+      {"trailing_bytes",
+       raw_file(R"({"w":)" + entry("F32", "[1]", "[0,4]") + "}", f8),
+       {"4 trailing byte(s)", "the tensors end at 4"}},
+      {"trailing_bytes_no_tensors", raw_file("{}", f4), {"4 trailing byte(s)"}},
+      {"gap_between",
+       raw_file(R"({"a":)" + entry("F32", "[1]", "[0,4]") + R"(,"b":)" +
+                    entry("F32", "[1]", "[8,12]") + "}",
+                f12),
+       {"'b'", "starts at data byte 8", "ends at byte 4", "gap"}},
+      {"gap_first",
+       raw_file(R"({"a":)" + entry("F32", "[1]", "[4,8]") + "}", f8),
+       {"'a'", "starts at data byte 4", "gap"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.label);

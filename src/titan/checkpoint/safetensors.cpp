@@ -423,6 +423,22 @@ void SafetensorsFile::parse_header(const std::string& header, const uint8_t* dat
     check(ranges[i].begin >= ranges[i - 1].end,
           p + ": tensors '" + tensors_[ranges[i - 1].idx].name + "' and '" +
               tensors_[ranges[i].idx].name + "' have overlapping data_offsets");
+  // As the reference reader (Metadata::validate): the tensors tile the data section from byte 0
+  // to its end, without gaps or trailing bytes.
+  uint64_t end = 0;
+  for (const Range& r : ranges) {
+    check(r.begin == end, p + ": tensor '" + tensors_[r.idx].name + "' starts at data byte " +
+                              std::to_string(r.begin) + " but the data before it ends at byte " +
+                              std::to_string(end) +
+                              "; a gap in the data section (corrupt or not written by a "
+                              "safetensors writer)");
+    end = r.end;
+  }
+  check(end == data_size, p + ": " + std::to_string(data_size - end) +
+                              " trailing byte(s) after the last tensor's data (the data section "
+                              "holds " +
+                              std::to_string(data_size) + " bytes, the tensors end at " +
+                              std::to_string(end) + "); the file is corrupt or was appended to");
 }
 
 const TensorView* SafetensorsFile::find(const std::string& name) const {
