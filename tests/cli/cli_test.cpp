@@ -399,6 +399,50 @@ TEST(CliBadInput, AbsurdTokenizerId) {
   expect_error("tokenize --tokenizer " + d + " --text hi", "id 2000000000 is out of range");
 }
 
+// NaN weights: eval printed "loss nan" and exited 0; train blamed the learning rate.
+TEST(CliBadInput, NonFiniteWeights) {
+  const std::string d = broken_hf_dir("nan_weights", [](const std::string& dir) {
+    const std::string f = dir + "/model.safetensors";
+    std::vector<titan::ckpt::WriteTensor> out;
+    std::vector<std::vector<uint8_t>> bytes;
+    {
+      titan::ckpt::SafetensorsSet set = titan::ckpt::SafetensorsSet::open(f);
+      for (const auto& name : set.names()) {
+        const titan::ckpt::TensorView* t = set.find(name);
+        bytes.emplace_back(t->data, t->data + t->nbytes);
+        if (name == "model.norm.weight") {
+          const float nan = std::nanf("");
+          std::memcpy(bytes.back().data(), &nan, 4);
+        }
+        out.push_back({name, t->dtype, t->shape, nullptr});
+      }
+    }
+    for (size_t i = 0; i < out.size(); ++i) out[i].data = bytes[i].data();
+    titan::ckpt::write_file(f, out);
+  });
+  const std::string corpus = temp_dir() + "/nan_corpus.txt";
+  std::ofstream(corpus) << "some text to evaluate on\nanother line of it\n";
+  expect_error(
+      "eval --config qwen3_debugmodel --training.seq_len 16 --eval.steps 1 "
+      "--dataloader.dataset_path " +
+          corpus + " --model.hf_assets_path " + d,
+      "the loss is not finite (nan): the weights from model.hf_assets_path '" + d +
+          "' hold 1 non-finite value(s) (the first in 'norm.weight'); check them",
+      false);
+  const Result r = titan(tiny_train(temp_dir() + "/nan_run") + " --dataloader.dataset_path " +
+                         corpus + " --model.hf_assets_path " + d +
+                         " --model.n_layers 0 --model.dim 0 --checkpoint.initial_load_in_hf "
+                         "--checkpoint.initial_load_path " +
+                         d);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("titan: error: step 1: loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the initial weights from checkpoint.initial_load_path '" + d +
+                       "' hold 1 non-finite value(s) (the first in 'norm.weight'); check them"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("optimizer.lr"), std::string::npos) << r.out;
+}
+
 // Silently ignored before: logits_out without tokens_path; a job file that is a directory,
 // /dev/zero, or names another job file.
 TEST(CliBadInput, IgnoredOptionsAreRefused) {

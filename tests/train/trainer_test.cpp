@@ -73,6 +73,10 @@ TEST(Trainer, NonFiniteLossStopsBeforeTheUpdate) {
           t.step();
         } catch (const Error& e) {
           EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("the weights hold 1 non-finite value(s) (the "
+                                               "first in 'norm.weight') after 1 update(s)"),
+                    std::string::npos)
+              << e.what();
           throw;
         }
       },
@@ -83,6 +87,21 @@ TEST(Trainer, NonFiniteLossStopsBeforeTheUpdate) {
       ASSERT_EQ(before[i], p[i]) << "parameter " << i << " changed";
     }
   }
+}
+
+// NaN initial weights were reported as "lower optimizer.lr": at the first step (no update yet)
+// the weights are at fault, and the message says so.
+TEST(Trainer, NonFiniteInitialWeightsAreNamedNotTheLearningRate) {
+  Trainer t(small(), docs());
+  t.model().param_data()[t.model().param("norm.weight").offset] =
+      std::numeric_limits<float>::infinity();
+  const std::string msg = titan::testing::error_of([&] { t.step(); });
+  EXPECT_NE(msg.find("the initial weights from the seeded random init hold 1 non-finite value(s) "
+                     "(the first in 'norm.weight'); check them"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("optimizer.lr"), std::string::npos) << msg;
+  EXPECT_EQ(t.current_step(), 0);
 }
 
 TEST(Trainer, LearningRateFollowsTheSchedule) {

@@ -12,6 +12,7 @@
 #include "titan/data/packed_loader.h"
 #include "titan/models/registry.h"
 #include "titan/train/validator.h"
+#include "titan/train/weights_check.h"
 
 namespace titan::train {
 namespace {
@@ -65,6 +66,21 @@ EvalResult evaluate(const config::JobConfig& cfg) {
   EvalResult r;
   double sum = 0;
   int64_t count = 0;
+  // A non-finite loss is the weights' fault (the data are ids in range): say which.
+  auto check_finite = [&](const models::Model& m, double loss) {
+    if (std::isfinite(loss)) return;
+    const std::string from =
+        !cfg.checkpoint.initial_load_path.empty()
+            ? "checkpoint.initial_load_path '" + cfg.checkpoint.initial_load_path + "'"
+            : "model.hf_assets_path '" + cfg.model.hf_assets_path + "'";
+    const std::string bad = describe_nonfinite_weights(m);
+    const char* value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+    throw Error(std::string("the loss is not finite (") + value + "): the weights from " + from +
+                (bad.empty() ? std::string(" give non-finite activations (no weight is non-finite; "
+                                           "look for huge values)")
+                             : " hold " + bad) +
+                "; check them");
+  };
   if (!cfg.eval.tokens_path.empty()) {
     ckpt::SafetensorsSet set = ckpt::SafetensorsSet::open(cfg.eval.tokens_path);
     const ckpt::TensorView* ids_t = set.find("input_ids");
@@ -91,6 +107,7 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     ops::LossSum ls = m->forward_loss(batch);
     sum = ls.sum;
     count = ls.count;
+    check_finite(*m, sum);
     if (!cfg.eval.logits_out.empty()) {
       std::vector<float> logits(static_cast<size_t>(T * V));
       m->forward_logits(batch, logits.data());
@@ -117,6 +134,7 @@ EvalResult evaluate(const config::JobConfig& cfg) {
           m->forward_loss({t.local_batch_size, t.seq_len, in.data(), lab.data(), pos.data()});
       sum += ls.sum;
       count += ls.count;
+      check_finite(*m, sum);
     }
   }
   check(count > 0, "nothing to evaluate: every label is -100");

@@ -12,6 +12,7 @@
 #include "titan/models/registry.h"
 #include "titan/ops/gemm.h"
 #include "titan/train/memory_plan.h"
+#include "titan/train/weights_check.h"
 
 namespace titan::train {
 
@@ -72,10 +73,12 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   v_.resize(model_->num_params());
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
   if (auto st = checkpointer_->load(*model_, m_.data(), v_.data())) {
+    resumed_ = true;
     step_ = st->step;
     tokens_seen_ = st->tokens_seen;
     if (!st->dataloader.is_null()) loader_->restore(st->dataloader);
   }
+  first_step_ = step_;
   const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
   input_.resize(step_tokens);
   labels_.resize(step_tokens);
@@ -139,9 +142,27 @@ StepResult Trainer::step() {
     char msg[256];
     std::snprintf(msg, sizeof msg,
                   "step %lld: loss %g, grad_norm %g is not finite; stopped before the optimizer "
-                  "update (lower optimizer.lr or check the data)",
+                  "update",
                   static_cast<long long>(step_ + 1), r.loss, r.grad_norm);
-    throw Error(msg);
+    // Before blaming the learning rate: are the weights themselves bad, or is this the first
+    // step of the run (no update yet)?
+    const std::string bad = describe_nonfinite_weights(*model_);
+    const std::string origin = resumed_ ? "the checkpoint resumed at step " +
+                                              std::to_string(first_step_) + " (in " +
+                                              checkpointer_->folder() + ")"
+                                        : initial_weights_source(cfg_);
+    std::string why;
+    if (!bad.empty() && step_ == first_step_)
+      why = "the initial weights from " + origin + " hold " + bad + "; check them";
+    else if (!bad.empty())
+      why = "the weights hold " + bad + " after " + std::to_string(step_ - first_step_) +
+            " update(s) (lower optimizer.lr or check the data)";
+    else if (step_ == first_step_)
+      why = "the initial weights from " + origin +
+            " give a non-finite loss before any update; check them (and the data)";
+    else
+      why = "lower optimizer.lr or check the data";
+    throw Error(std::string(msg) + ": " + why);
   }
   optim::clip_by_norm(model_->grad_data(), n, r.grad_norm, t.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)

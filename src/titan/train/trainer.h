@@ -58,6 +58,8 @@ class Trainer {
   optim::AdamWConfig adamw_;
   optim::LRSchedule sched_;
   int64_t step_ = 0, grad_accum_ = 1, tokens_seen_ = 0;
+  int64_t first_step_ = 0;  // step_ when this process started (after a resume)
+  bool resumed_ = false;
   double data_time_ = 0;  // seconds spent loading data in the last step
 };
 
