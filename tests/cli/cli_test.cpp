@@ -482,4 +482,19 @@ TEST(CliBadInput, MessagesSayWhatIsWrong) {
   EXPECT_EQ(r.out.find("pass --override.imports"), std::string::npos) << r.out;
 }
 
+// A .txt dataset_path under the default dataset was split at '%' lines (fortunes records); a
+// .json array of records was refused.
+TEST(CliBadInput, DatasetPathIsReadByItsExtension) {
+  const std::string d = temp_dir();
+  std::ofstream(d + "/percent.txt") << "first line\n%\nsecond line\nthird line\n";
+  Result r = titan(tiny_train(d + "/txt_run") + " --dataloader.dataset_path " + d + "/percent.txt");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dataloader: 4 documents in 1 file(s)"), std::string::npos) << r.out;
+  std::ofstream(d + "/records.json")
+      << R"([{"text": "a record"}, "a string record", {"text": "x"}])";
+  r = titan(tiny_train(d + "/json_run") + " --dataloader.dataset_path " + d + "/records.json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dataloader: 3 documents in 1 file(s)"), std::string::npos) << r.out;
+}
+
 }  // namespace

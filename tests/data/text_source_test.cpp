@@ -156,6 +156,79 @@ TEST(TextSource, EmptyDatasetNamesThePath) {
   EXPECT_NE(msg.find("point validator.dataset_path at non-empty text"), std::string::npos) << msg;
 }
 
+// An all-malformed JSONL under the default dataset name was reported as dataset 'fortunes'.
+TEST(TextSource, EmptyDatasetNamesTheFormatReadAndWhatWasSkipped) {
+  const std::string d = titan::testing::fresh_temp_dir("all_bad");
+  const std::string f = write(d, "bad.jsonl", "{oops\n{\"text\": 1\n");
+  SourceOptions o = opts("fortunes", f);
+  o.skip_malformed = true;
+  const std::string msg = error_of([&] { read_documents(o); });
+  EXPECT_EQ(msg.find("'fortunes'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dataset 'jsonl' at '" + f +
+                     "' has no documents (skipped 2 malformed JSON "
+                     "line(s) (first at " +
+                     f + ":1))"),
+            std::string::npos)
+      << msg;
+}
+
+// The validator's messages suggested validator.skip_malformed and validator.text_field, which do
+// not exist: the validator uses the dataloader's.
+TEST(JsonLines, HintsNameOptionsThatExist) {
+  const std::string d = titan::testing::fresh_temp_dir("hints");
+  const std::string f = write(d, "v.jsonl", "{\"body\": \"x\"}\n");
+  SourceOptions o = opts("auto", f);
+  o.section = "validator";
+  std::string msg = error_of([&] { read_documents(o); });
+  EXPECT_NE(msg.find("set dataloader.text_field to the field"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set dataloader.skip_malformed = true"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("validator.skip_malformed"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("validator.text_field"), std::string::npos) << msg;
+}
+
+// A .json file holding one JSON array was read as JSON lines and refused.
+TEST(JsonArray, ReadsObjectsAndStrings) {
+  const std::string d = titan::testing::fresh_temp_dir("json_array");
+  const std::string f = write(d, "data.json",
+                              "[\n {\"text\": \"first\", \"id\": 1},\n \"second\",\n "
+                              "{\"text\": \"\"}\n]\n");
+  SourceStats st;
+  EXPECT_EQ(read_documents(opts("auto", f), &st), (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(st.empty, 1);
+  const std::string g = write(d, "bad.json", "[{\"text\": \"ok\"}, 5, {\"body\": \"x\"}]");
+  std::string msg = error_of([&] { read_documents(opts("auto", g)); });
+  EXPECT_NE(msg.find(g + ": element 1: the element is not a JSON object or string"),
+            std::string::npos)
+      << msg;
+  SourceOptions o = opts("auto", g);
+  o.skip_malformed = true;
+  EXPECT_EQ(read_documents(o, &st), std::vector<std::string>{"ok"});
+  EXPECT_EQ(st.malformed, 1);
+  EXPECT_EQ(st.missing_field, 1);
+  EXPECT_EQ(st.first_missing, g + ": element 2");
+  const std::string h = write(d, "cut.json", "[{\"text\": \"ok\"},");
+  msg = error_of([&] { read_documents(opts("auto", h)); });
+  EXPECT_NE(msg.find(h + ": not valid JSON"), std::string::npos) << msg;
+  // JSON lines in a .json file still read as lines.
+  const std::string l = write(d, "lines.json", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n");
+  EXPECT_EQ(read_documents(opts("auto", l)), (std::vector<std::string>{"a", "b"}));
+}
+
+// dataset auto: the fortunes corpus (read as fortunes records) without a path, else by extension;
+// a .txt path under the old default 'fortunes' was split at '%' lines.
+TEST(TextSource, AutoIsFortunesOnlyForTheCorpus) {
+  const std::string d = titan::testing::fresh_temp_dir("auto_default");
+  const std::string f = write(d, "notes.txt", "one\n%\ntwo\n");
+  EXPECT_EQ(read_documents(opts("auto", f)), (std::vector<std::string>{"one", "%", "two"}));
+  EXPECT_EQ(read_documents(opts("fortunes", f)), (std::vector<std::string>{"one\n", "two\n"}));
+  EXPECT_EQ(effective_dataset(opts("auto", "")), "fortunes");
+  EXPECT_EQ(effective_dataset(opts("auto", f)), "auto");
+  if (std::filesystem::exists(kFortunesDir)) {
+    EXPECT_EQ(read_documents(opts("auto", "")), read_documents(opts("fortunes", "")));
+    EXPECT_EQ(effective_dataset(opts("auto", kFortunesDir)), "fortunes");
+  }
+}
+
 TEST(TextSource, WikitextJsonLines) {
   auto docs =
       read_documents(opts("auto", titan::testing::asset("datasets/wikitext-2/valid.jsonl")));

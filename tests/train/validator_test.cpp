@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -172,6 +173,43 @@ TEST(TrainerData, TrainsWithAHuggingFaceTokenizer) {
   EXPECT_NEAR(l1, std::log(2048.0), 1.0);  // near-uniform at init
   t.step();
   EXPECT_LT(t.step().loss, l1);
+}
+
+// dataloader.tokenizer left at its default ignored model.hf_assets_path's tokenizer.json: auto
+// now takes it (and stays byte without one, so default runs are unchanged).
+TEST(TrainerData, AutoTokenizerTakesTheModelDirectorysTokenizer) {
+  config::JobConfig c = small();
+  EXPECT_EQ(c.dataloader.tokenizer, "auto");
+  EXPECT_EQ(resolved_tokenizer(c), "byte");
+  const std::string d = titan::testing::fresh_temp_dir("auto_tok");
+  c.model.hf_assets_path = d;
+  EXPECT_EQ(resolved_tokenizer(c), "byte");  // no tokenizer.json there
+  std::filesystem::copy_file(titan::testing::asset("tokenizers/tiny-bpe-2k/tokenizer.json"),
+                             d + "/tokenizer.json");
+  EXPECT_EQ(resolved_tokenizer(c), d);
+  EXPECT_EQ(dataloader_spec(c).tokenizer, d);
+  EXPECT_EQ(validator_spec(c).tokenizer, d);
+  c.dataloader.tokenizer = "byte";  // an explicit choice wins
+  EXPECT_EQ(resolved_tokenizer(c), "byte");
+  // The trainer uses it: the tiny tokenizer's 2020 ids do not fit the 260-id test model.
+  c.dataloader.tokenizer = "auto";
+  std::filesystem::copy_file(
+      std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2/config.json",
+      d + "/config.json");
+  const std::string msg = error_of([&] { Trainer t(c, docs()); });
+  EXPECT_NE(msg.find(d + "/tokenizer.json' has 2020 ids"), std::string::npos) << msg;
+}
+
+// The validator's JSON messages suggested validator.skip_malformed, which does not exist.
+TEST(ValidatorSpec, MalformedLineHintNamesTheDataloaderOption) {
+  config::JobConfig c = small();
+  const std::string f = titan::testing::fresh_temp_dir("val_bad") + "/valid.jsonl";
+  std::ofstream(f) << "{not json\n";
+  c.validator.enable = true;
+  c.validator.dataset_path = f;
+  const std::string msg = error_of([&] { data::read_documents(validator_spec(c).source); });
+  EXPECT_NE(msg.find(f + ":1: the line is malformed JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set dataloader.skip_malformed = true"), std::string::npos) << msg;
 }
 
 }  // namespace

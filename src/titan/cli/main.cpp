@@ -110,6 +110,8 @@ int tokenize(const std::vector<std::string>& args) {
   bool has_text = false, bos_eos = false;
   titan::data::SourceOptions src;
   src.dataset = "auto";
+  src.skip_malformed_hint = "pass --skip_malformed";
+  src.text_field_hint = "set --text_field";
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i], value;
     bool has_value = false;

@@ -65,11 +65,13 @@ std::vector<Field> fields(JobConfig& c) {
       {"metrics.peak_flops", &c.metrics.peak_flops,
        "peak FLOP/s for MFU (0: measure with a GEMM probe)"},
       {"dataloader.dataset", &c.dataloader.dataset,
-       "source: fortunes, text (a line each), jsonl, tokens (titan tokenize shards) or auto"},
+       "source: auto (fortunes corpus without dataset_path, else by extension), fortunes, text "
+       "(a line each), jsonl, tokens (titan tokenize shards)"},
       {"dataloader.dataset_path", &c.dataloader.dataset_path,
        "file, directory, glob or comma-separated list"},
       {"dataloader.tokenizer", &c.dataloader.tokenizer,
-       "byte, or a tokenizer.json or the directory holding it"},
+       "auto (model.hf_assets_path's tokenizer.json if it has one, else byte), byte, or a "
+       "tokenizer.json or the directory holding it"},
       {"dataloader.shuffle", &c.dataloader.shuffle, "reshuffle documents each later epoch"},
       {"dataloader.seed", &c.dataloader.seed, "shuffle seed"},
       {"dataloader.text_field", &c.dataloader.text_field, "JSON lines: the document's field"},
@@ -479,7 +481,7 @@ void validate(const JobConfig& c) {
   check(!k.initial_load_in_hf || !k.initial_load_path.empty() || !c.model.hf_assets_path.empty(),
         "checkpoint.initial_load_in_hf needs checkpoint.initial_load_path or model.hf_assets_path");
   check(!c.dataloader.tokenizer.empty(),
-        "dataloader.tokenizer is empty; use byte or a tokenizer.json path");
+        "dataloader.tokenizer is empty; use auto, byte or a tokenizer.json path");
   check(!c.dataloader.text_field.empty(), "dataloader.text_field must name a JSON field");
   check(c.eval.logits_out.empty() || !c.eval.tokens_path.empty(),
         "eval.logits_out needs eval.tokens_path (the logits are written for the token ids in "

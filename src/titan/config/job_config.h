@@ -56,10 +56,13 @@ struct MetricsConfig {
 };
 
 struct DataLoaderConfig {
-  std::string dataset = "fortunes";  // fortunes | text | jsonl | tokens | auto
-  std::string dataset_path;          // file, directory, glob or comma list; empty: the default
-  std::string tokenizer = "byte";    // "byte" (256 bytes + BOS/EOS/pad) or a tokenizer.json (dir)
-  bool shuffle = true;               // reshuffle documents each epoch after the first
+  // auto: the fortunes corpus (read as fortunes) without dataset_path, else by file extension
+  std::string dataset = "auto";  // auto | fortunes | text | jsonl | tokens
+  std::string dataset_path;      // file, directory, glob or comma list; empty: the default
+  // auto: model.hf_assets_path's tokenizer.json when it has one, else byte; "byte" (256 bytes +
+  // BOS/EOS/pad); or a tokenizer.json (or its directory)
+  std::string tokenizer = "auto";
+  bool shuffle = true;  // reshuffle documents each epoch after the first
   int64_t seed = 42;
   std::string text_field = "text";  // JSON lines: the field holding a document
   bool skip_malformed = false;      // JSON lines: skip and count bad lines instead of failing

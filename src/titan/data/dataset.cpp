@@ -52,7 +52,7 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
   const std::string path = source_path(o);
   const std::vector<std::string> files = resolve_paths(path, o.section);
   size_t shards = 0;
-  for (const auto& f : files) shards += file_format(o.dataset, f) == "tokens";
+  for (const auto& f : files) shards += file_format(effective_dataset(o), f) == "tokens";
   if (shards > 0) {
     check(shards == files.size(), o.section + ".dataset_path '" + path +
                                       "' mixes token shards (.bin) with text files; use one kind");
@@ -63,8 +63,8 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
       docs += v.back().num_documents();
       tokens += v.back().num_tokens();
     }
-    check(docs > 0, "dataset '" + o.dataset + "' at '" + path + "' has no documents; point " +
-                        o.section + ".dataset_path at non-empty token shards");
+    check(docs > 0, "dataset 'tokens' at '" + path + "' has no documents; point " + o.section +
+                        ".dataset_path at non-empty token shards");
     log::info(o.section + ": " + std::to_string(docs) + " pre-tokenized documents (" +
               std::to_string(tokens) + " tokens) in " + std::to_string(files.size()) +
               " shard(s) at " + path);

@@ -95,34 +95,35 @@ std::string where(const std::string& file, int64_t line) {
   return file + ":" + std::to_string(line);
 }
 
-// One JSON line; appends its document or counts why not.
-void parse_json_line(const std::string& line, const std::string& file, int64_t lineno,
-                     const SourceOptions& o, SourceStats* st, std::vector<std::string>* docs) {
-  const std::string skip_hint =
-      " (or set " + o.section + ".skip_malformed = true to skip and count such lines)";
-  nlohmann::json j;
-  std::string problem;
-  try {
-    j = nlohmann::json::parse(line);
-    if (!j.is_object()) problem = "is not a JSON object";
-  } catch (const nlohmann::json::parse_error& e) {
-    problem = "is malformed JSON (error at byte " + std::to_string(e.byte) + ")";
-  }
-  if (!problem.empty()) {
-    check(o.skip_malformed, where(file, lineno) + ": the line " + problem + skip_hint);
-    if (st->malformed++ == 0) st->first_malformed = where(file, lineno);
+std::string skip_hint(const SourceOptions& o, const std::string& what) {
+  return " (or " + o.skip_malformed_hint + " to skip and count such " + what + "s)";
+}
+
+// One parsed JSON record at `at` ("file:line" or "file: element i"); appends its document or
+// counts why not. `what` names the record in messages ("line", "element").
+void add_json_record(const nlohmann::json& j, const std::string& at, const std::string& what,
+                     const SourceOptions& o, bool strings_ok, SourceStats* st,
+                     std::vector<std::string>* docs) {
+  std::string text;
+  if (strings_ok && j.is_string()) {
+    text = j.get<std::string>();
+  } else if (!j.is_object()) {
+    check(o.skip_malformed, at + ": the " + what + " is not a JSON object" +
+                                (strings_ok ? " or string" : "") + skip_hint(o, what));
+    if (st->malformed++ == 0) st->first_malformed = at;
     return;
+  } else {
+    auto it = j.find(o.text_field);
+    if (it == j.end() || !it->is_string()) {
+      check(o.skip_malformed, at + ": " + (it == j.end() ? "no field '" : "field '") +
+                                  o.text_field + (it == j.end() ? "'" : "' is not a string") +
+                                  "; " + o.text_field_hint + " to the field holding the text" +
+                                  skip_hint(o, what));
+      if (st->missing_field++ == 0) st->first_missing = at;
+      return;
+    }
+    text = it->get<std::string>();
   }
-  auto it = j.find(o.text_field);
-  if (it == j.end() || !it->is_string()) {
-    check(o.skip_malformed, where(file, lineno) + ": " +
-                                (it == j.end() ? "no field '" : "field '") + o.text_field +
-                                (it == j.end() ? "'" : "' is not a string") + "; set " + o.section +
-                                ".text_field to the field holding the text" + skip_hint);
-    if (st->missing_field++ == 0) st->first_missing = where(file, lineno);
-    return;
-  }
-  std::string text = it->get<std::string>();
   if (blank(text)) {
     ++st->empty;
     return;
@@ -130,7 +131,52 @@ void parse_json_line(const std::string& line, const std::string& file, int64_t l
   docs->push_back(std::move(text));
 }
 
+// One JSON line; appends its document or counts why not.
+void parse_json_line(const std::string& line, const std::string& file, int64_t lineno,
+                     const SourceOptions& o, SourceStats* st, std::vector<std::string>* docs) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    check(o.skip_malformed, where(file, lineno) + ": the line is malformed JSON (error at byte " +
+                                std::to_string(e.byte) + ")" + skip_hint(o, "line"));
+    if (st->malformed++ == 0) st->first_malformed = where(file, lineno);
+    return;
+  }
+  add_json_record(j, where(file, lineno), "line", o, false, st, docs);
+}
+
+// A .json file holding one JSON array (Hugging Face's json loader reads these as well as JSON
+// lines): every element is a record.
+void parse_json_array(const std::string& text, const std::string& file, const SourceOptions& o,
+                      SourceStats* st, std::vector<std::string>* docs) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(file + ": not valid JSON (error at byte " + std::to_string(e.byte) +
+                "); a .json dataset file holds one JSON array of records, or JSON lines");
+  }
+  for (size_t i = 0; i < j.size(); ++i)
+    add_json_record(j[i], file + ": element " + std::to_string(i), "element", o, true, st, docs);
+}
+
+bool is_json_array_file(const std::string& file, const std::string& text) {
+  std::string ext = fs::path(file).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  return ext == ".json" && first != std::string::npos && text[first] == '[';
+}
+
 }  // namespace
+
+std::string effective_dataset(const SourceOptions& o) {
+  if (o.dataset != "auto") return o.dataset;
+  if (o.path.empty()) return "fortunes";
+  std::error_code ec;
+  return fs::equivalent(o.path, kFortunesDir, ec) ? "fortunes" : "auto";
+}
 
 std::vector<std::string> resolve_paths(const std::string& path, const std::string& section) {
   std::vector<std::string> items;
@@ -188,7 +234,8 @@ std::string source_path(const SourceOptions& o) {
         o.section + ".dataset '" + d +
             "' is not a built-in source; use fortunes, text, jsonl, tokens or auto");
   if (!o.path.empty()) return o.path;
-  check(d == "fortunes", o.section + ".dataset '" + d + "' needs " + o.section + ".dataset_path");
+  check(d == "fortunes" || d == "auto",
+        o.section + ".dataset '" + d + "' needs " + o.section + ".dataset_path");
   std::error_code ec;
   check(fs::exists(kFortunesDir, ec),
         std::string("the fortunes corpus is missing at ") + kFortunesDir +
@@ -201,9 +248,12 @@ std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* sta
   SourceStats* st = stats ? stats : &local;
   *st = SourceStats{};
   const std::string path = source_path(o);
+  const std::string dataset = effective_dataset(o);
   std::vector<std::string> docs;
+  std::vector<std::string> formats;  // as read, for the message of an empty dataset
   for (const auto& file : resolve_paths(path, o.section)) {
-    const std::string fmt = file_format(o.dataset, file);
+    const std::string fmt = file_format(dataset, file);
+    if (std::find(formats.begin(), formats.end(), fmt) == formats.end()) formats.push_back(fmt);
     check(fmt != "tokens", file + ": a pre-tokenized shard among text files; use " + o.section +
                                ".dataset tokens with only token shards");
     std::string text = read_file(file);
@@ -216,6 +266,10 @@ std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* sta
       int64_t n = 0;
       text = HfTokenizer::sanitize_utf8(text, &n);
       st->utf8_replaced += n;
+    }
+    if (fmt == "jsonl" && is_json_array_file(file, text)) {
+      parse_json_array(text, file, o, st, &docs);
+      continue;
     }
     std::istringstream in(text);
     std::string line, cur;
@@ -243,8 +297,15 @@ std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* sta
     flush();
   }
   st->documents = static_cast<int64_t>(docs.size());
-  check(!docs.empty(), "dataset '" + o.dataset + "' at '" + path + "' has no documents; point " +
-                           o.section + ".dataset_path at non-empty text");
+  if (docs.empty()) {
+    // Name what was read, as it was read (the format by extension, not a default name).
+    std::string read_as;
+    for (const auto& f : formats) read_as += (read_as.empty() ? "" : "+") + f;
+    const std::string problems = describe_problems(*st, o.text_field);
+    throw Error("dataset '" + read_as + "' at '" + path + "' has no documents" +
+                (problems.empty() ? "" : " (" + problems + ")") + "; point " + o.section +
+                ".dataset_path at non-empty text");
+  }
   return docs;
 }
 

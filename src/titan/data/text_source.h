@@ -4,7 +4,9 @@
 // field). A path is a file, a directory (its regular files, sorted), a glob(3) pattern, or a
 // comma-separated list of those. With dataset "text", "fortunes" or "auto", files ending in .jsonl
 // or .json are read as JSON lines and files ending in .bin are pre-tokenized shards ("auto" reads
-// any other file as text). Invalid UTF-8 is replaced by U+FFFD as Python's
+// any other file as text; "auto" without a path is the fortunes corpus, read as fortunes). A .json
+// file holding one JSON array is read as that array's records (objects with the text field, or
+// strings). Invalid UTF-8 is replaced by U+FFFD as Python's
 // bytes.decode("utf-8", errors="replace") does, and counted; blank documents are skipped.
 #pragma once
 #include <cstdint>
@@ -18,11 +20,19 @@ inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 struct SourceOptions {
   std::string dataset = "fortunes";    // fortunes | text | jsonl | tokens | auto
-  std::string path;                    // empty: the fortunes corpus (dataset fortunes only)
+  std::string path;                    // empty: the fortunes corpus (dataset fortunes or auto)
   std::string text_field = "text";     // the JSON field holding a document
   bool skip_malformed = false;         // skip (and count) bad JSON lines instead of failing
   std::string section = "dataloader";  // config section named in messages
+  // How the user sets skip_malformed and text_field, for the hints in messages (the validator
+  // shares the dataloader's; titan tokenize has flags).
+  std::string skip_malformed_hint = "set dataloader.skip_malformed = true";
+  std::string text_field_hint = "set dataloader.text_field";
 };
+
+// The dataset its files are read as: "fortunes" for "auto" on the fortunes corpus (no path),
+// else o.dataset.
+std::string effective_dataset(const SourceOptions& o);
 
 // What reading found, for the one-line report.
 struct SourceStats {

@@ -44,7 +44,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   std::shared_ptr<const data::DocumentSet> dataset =
       docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
                    : std::make_shared<data::TextDocuments>(
-                         std::move(docs), data::make_tokenizer(cfg_.dataloader.tokenizer));
+                         std::move(docs), data::make_tokenizer(resolved_tokenizer(cfg_)));
   check_vocab_fits(*dataset, shape->vocab_size());
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);

@@ -1,25 +1,47 @@
 #include "titan/train/validator.h"
 
+#include <filesystem>
 #include <vector>
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
+#include "titan/core/log.h"
 #include "titan/data/packed_loader.h"
 
 namespace titan::train {
 
-data::DatasetSpec dataloader_spec(const config::JobConfig& c) {
+std::string resolved_tokenizer(const config::JobConfig& c) {
+  if (c.dataloader.tokenizer != "auto") return c.dataloader.tokenizer;
+  if (!c.model.hf_assets_path.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(c.model.hf_assets_path + "/tokenizer.json", ec))
+      return c.model.hf_assets_path;
+  }
+  return "byte";
+}
+
+namespace {
+data::DatasetSpec spec_of(const config::JobConfig& c) {
   data::DatasetSpec s;
   s.source.dataset = c.dataloader.dataset;
   s.source.path = c.dataloader.dataset_path;
   s.source.text_field = c.dataloader.text_field;
   s.source.skip_malformed = c.dataloader.skip_malformed;
-  s.tokenizer = c.dataloader.tokenizer;
+  s.tokenizer = resolved_tokenizer(c);
+  return s;
+}
+}  // namespace
+
+data::DatasetSpec dataloader_spec(const config::JobConfig& c) {
+  data::DatasetSpec s = spec_of(c);
+  if (c.dataloader.tokenizer == "auto" && s.tokenizer != "byte")
+    log::info("dataloader.tokenizer auto: using the tokenizer.json of model.hf_assets_path " +
+              s.tokenizer);
   return s;
 }
 
 data::DatasetSpec validator_spec(const config::JobConfig& c) {
-  data::DatasetSpec s = dataloader_spec(c);
+  data::DatasetSpec s = spec_of(c);
   s.source.dataset = c.validator.dataset;
   s.source.path = c.validator.dataset_path;
   s.source.section = "validator";

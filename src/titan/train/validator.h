@@ -14,8 +14,13 @@
 
 namespace titan::train {
 
+// dataloader.tokenizer with "auto" resolved: model.hf_assets_path when it holds a
+// tokenizer.json, else "byte".
+std::string resolved_tokenizer(const config::JobConfig& c);
+
 // The dataset specs of dataloader.* and of validator.* (which shares the dataloader's
-// tokenizer, text field and skip_malformed).
+// tokenizer, text field and skip_malformed). dataloader_spec logs one line when
+// dataloader.tokenizer auto picks model.hf_assets_path's tokenizer.
 data::DatasetSpec dataloader_spec(const config::JobConfig& c);
 data::DatasetSpec validator_spec(const config::JobConfig& c);
 
