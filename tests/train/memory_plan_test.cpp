@@ -44,7 +44,7 @@ TEST(MemoryPlan, DebugMoeWithinTenPercentOfPeakRss) {
 TEST(MemoryPlan, TrainRefusesAPlanThatCannotFit) {
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("qwen3_debugmodel");
-  c.model.n_layers = 4000;  // ~64 GiB of parameters and optimizer state: nothing is allocated
+  c.training.local_batch_size = 4096;  // ~600 GiB of activations: nothing is allocated
   c.dump_folder = fresh_temp_dir("memory_plan_big");
   const std::string e = error_of([&] { Trainer t(c); });
   EXPECT_NE(e.find("the run needs"), std::string::npos) << e;

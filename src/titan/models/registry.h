@@ -25,7 +25,7 @@ struct BuildOptions {
   AcPolicy ac;  // activation checkpointing
   // Bytes per parameter the caller will hold: the model's fp32 weights and gradients (8), plus
   // the two AdamW moments when training (16). Checked against the machine's memory before
-  // anything is allocated.
+  // anything is allocated (0: not checked).
   int64_t bytes_per_param = 8;
 };
 

@@ -43,6 +43,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg) {
                                        cfg.activation_checkpoint.selective_ac_option);
   o.allocate = false;
   o.log_overrides = false;  // the build that follows logs them
+  o.bytes_per_param = 0;    // the plan reports what does not fit
   return plan_memory(cfg, *models::build_model(cfg, o));
 }
 

@@ -63,9 +63,9 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
 
   // The memory plan, before anything large is allocated: refuse what cannot fit.
   const MemoryPlan plan = plan_memory(cfg_, *shape);
+  check_fits(plan);
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
-  check_fits(plan);
   bo.allocate = bo.log_overrides = true;
   model_ = models::build_model(cfg_, bo);
 

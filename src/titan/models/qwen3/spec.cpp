@@ -124,7 +124,7 @@ models::ModelSpec model_spec() {
   s.build = [](const config::JobConfig& c, config::ModuleNode& tree,
                const models::BuildOptions& o) -> std::unique_ptr<models::Model> {
     const Qwen3Args a = args_from_config(c);
-    if (o.allocate)  // a plan-only model allocates nothing; the memory plan checks the whole run
+    if (o.bytes_per_param > 0)  // 0: titan plan, which reports rather than refuses
       check_fits_in_memory(a, o.bytes_per_param, cpu::total_memory_bytes(), model_source(c));
     return std::make_unique<Qwen3Model>(
         a, o.batch, o.seq_len, o.loss_chunks, rope_plan(tree, a, o.seq_len),
