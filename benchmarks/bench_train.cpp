@@ -18,6 +18,7 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/buffer.h"
 #include "titan/core/cpu.h"
+#include "titan/core/dtype.h"
 #include "titan/models/qwen3/hf_config.h"
 #include "titan/models/qwen3/model.h"
 #include "titan/ops/gemm.h"
@@ -114,8 +115,26 @@ void BM_gemm_fp32(benchmark::State& state) {
                          benchmark::Counter::kIsRate);
 }
 
+// bf16 inputs, fp32 output and accumulation (gemm_bf16: oneDNN's bf16 matmul, or the converting
+// fallback on CPUs without native bf16); the label names the implementation oneDNN picked.
+void BM_gemm_bf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  titan::Buffer<float> f(n * n), c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) f[i] = static_cast<float>(i % 7) * 0.1f;
+  titan::Buffer<uint16_t> a(n * n), b(n * n);
+  titan::f32_to(titan::DType::BF16, f.data(), n * n, a.data());
+  titan::f32_to(titan::DType::BF16, f.data(), n * n, b.data());
+  for (auto _ : state)
+    titan::ops::gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n * static_cast<double>(state.iterations()) / 1e12,
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(titan::ops::gemm_isa(true));
+}
+
 // Rates are per wall-clock second (UseRealTime): the work runs on every OpenMP thread.
 BENCHMARK(BM_gemm_fp32)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gemm_bf16)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_debugmodel_b4_s256)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_debugmodel_b4_s256_ac_full)
     ->Unit(benchmark::kMillisecond)
@@ -155,6 +174,8 @@ int main(int argc, char** argv) {
   g_peak = titan::ops::gemm_probe_flops();
   std::printf("CPU: %s, %d threads; fp32 GEMM roofline (2048^3 oneDNN): %.1f GFLOP/s\n",
               titan::cpu::describe().c_str(), titan::cpu::num_threads(), g_peak / 1e9);
+  std::printf("oneDNN GEMM implementations (2048^3): fp32 %s, bf16 %s\n",
+              titan::ops::gemm_isa(false).c_str(), titan::ops::gemm_isa(true).c_str());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

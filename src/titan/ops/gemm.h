@@ -10,6 +10,7 @@
 // Not thread-safe: call from the driving thread; oneDNN parallelizes inside.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace titan::ops {
 
@@ -36,6 +37,31 @@ inline void linear_bwd(const float* dy, const float* x, const float* w, float* d
   if (dw) gemm(true, false, out, in, M, dy, out, x, in, dw, in, true);
 }
 
+// bf16 GEMM with fp32 accumulation (the GEMM of bf16 mixed-precision training: bf16 inputs,
+// fp32 output and master weights). A and B hold raw bf16 bit patterns (uint16_t); C is fp32.
+// Same layout, stride, transpose, accumulate and caching semantics as gemm. Runs oneDNN's bf16
+// matmul when bf16_gemm_native(); otherwise gemm_bf16_converting. Either way each product of two
+// bf16 values is exact in fp32 and the sum is accumulated in fp32.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
+// The fallback of gemm_bf16, callable directly (tests run it on every CPU): widens op(A) and
+// op(B)'s stored rows to fp32 (exact) in cached scratch buffers and runs the fp32 gemm.
+void gemm_bf16_converting(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                          const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float* C,
+                          int64_t ldc, bool accumulate);
+
+// Whether gemm_bf16 runs oneDNN's bf16 matmul: the CPU (as oneDNN sees it, ONEDNN_MAX_CPU_ISA
+// included) has AVX512-BF16 or AMX and oneDNN creates the primitive. oneDNN 2.6 refuses bf16
+// matmul on AVX2 and emulates it slowly on plain AVX512; there the converting path runs instead.
+// Probed once, cached.
+bool bf16_gemm_native();
+
+// The implementation oneDNN picks for a 2048³ matmul (primitive_desc::impl_info_str(), e.g.
+// "brg:avx512_core_amx"), fp32 or bf16 inputs; for bf16 without native support,
+// "bf16->f32 convert + " followed by the fp32 name. Log-worthy at startup.
+std::string gemm_isa(bool bf16);
+
 // Number of cached primitives, of gemm and gemm_rows together (for tests and diagnostics).
 int64_t gemm_cache_size();
 
@@ -45,4 +71,6 @@ namespace titan::ops {
 // Measures fp32 GEMM throughput (FLOP/s) of oneDNN on this machine with n×n×n products, best of
 // `reps`: the roofline that MFU and the benchmarks are stated against.
 double gemm_probe_flops(int64_t n = 2048, int reps = 3);
+// The same probe for gemm_bf16 (bf16 inputs, fp32 output and accumulation).
+double gemm_probe_flops_bf16(int64_t n = 2048, int reps = 3);
 }  // namespace titan::ops

@@ -3,17 +3,21 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "titan/core/buffer.h"
+#include "titan/core/dtype.h"
 
 namespace titan::ops {
 namespace {
 
 using dnnl::memory;
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bf16 inputs)
+using Key =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 struct Entry {
   dnnl::matmul prim;
@@ -36,6 +40,9 @@ struct Context {
   dnnl::stream stream{engine};
   std::map<Key, std::unique_ptr<Entry>> cache;
   std::map<RowsKey, std::unique_ptr<RowsEntry>> rows_cache;
+  // gemm_bf16's converting path: fp32 copies of the bf16 operands, grown to the largest seen.
+  Buffer<float> conv_a, conv_b;
+  int bf16_native = -1;  // -1: not yet probed; 0: converting path; 1: oneDNN bf16 primitives
 };
 
 Context& ctx() {
@@ -43,16 +50,16 @@ Context& ctx() {
   return c;
 }
 
-Entry& lookup(const Key& key) {
-  Context& c = ctx();
-  auto it = c.cache.find(key);
-  if (it != c.cache.end()) return *it->second;
-  auto [ta, tb, M, N, K, lda, ldb, ldc, acc] = key;
+// The matmul primitive descriptor of one Key (throws dnnl::error when oneDNN has no
+// implementation, e.g. bf16 on a CPU without AVX512).
+dnnl::matmul::primitive_desc make_pd(const Key& key) {
+  auto [ta, tb, M, N, K, lda, ldb, ldc, acc, bf16] = key;
   const auto f32 = memory::data_type::f32;
+  const auto in = bf16 ? memory::data_type::bf16 : f32;
   // A logical [M,K]: stored [M,K] with row stride lda, or stored [K,M] (transposed) with row stride
   // lda.
-  memory::desc a_md({M, K}, f32, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
-  memory::desc b_md({K, N}, f32, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+  memory::desc a_md({M, K}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+  memory::desc b_md({K, N}, in, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
   memory::desc c_md({M, N}, f32, memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -61,7 +68,15 @@ Entry& lookup(const Key& key) {
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.engine);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, ctx().engine);
+}
+
+Entry& lookup(const Key& key) {
+  Context& c = ctx();
+  auto it = c.cache.find(key);
+  if (it != c.cache.end()) return *it->second;
+  const dnnl::matmul::primitive_desc pd = make_pd(key);
+  const memory::desc a_md = pd.src_desc(), b_md = pd.weights_desc(), c_md = pd.dst_desc();
   auto e = std::make_unique<Entry>();
   e->prim = dnnl::matmul(pd);
   e->a = memory(a_md, c.engine, DNNL_MEMORY_NONE);
@@ -143,12 +158,81 @@ void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
-  Entry& e = lookup(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate});
+  Entry& e = lookup(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, false});
   e.a.set_data_handle(const_cast<float*>(A));
   e.b.set_data_handle(const_cast<float*>(B));
   e.c.set_data_handle(C);
   e.prim.execute(ctx().stream, e.args);
   ctx().stream.wait();
+}
+
+namespace {
+// bf16 rows×cols (row stride ld) -> compact fp32 rows×cols in buf (exact: bf16 ⊂ fp32).
+const float* widen(Buffer<float>& buf, const uint16_t* X, int64_t rows, int64_t cols, int64_t ld) {
+  if (buf.size() < rows * cols) buf.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) to_f32(DType::BF16, X + r * ld, cols, buf.data() + r * cols);
+  return buf.data();
+}
+}  // namespace
+
+bool bf16_gemm_native() {
+  Context& c = ctx();
+  if (c.bf16_native < 0) {
+    // Probed once. Native: the (effective) ISA has bf16 instructions (AVX512-BF16 or AMX) and
+    // oneDNN creates a bf16 matmul. On plain AVX512 oneDNN 2.6 emulates bf16 ("gemm:jit", measured
+    // ~5x slower than its fp32 matmul here with ONEDNN_MAX_CPU_ISA=AVX512_CORE), on AVX2 it throws;
+    // both take the converting path.
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    c.bf16_native = 0;
+    if (isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx) {
+      try {
+        const auto pd = make_pd(Key{false, false, 64, 64, 64, 64, 64, 64, false, true});
+        c.bf16_native = std::string(pd.impl_info_str()).rfind("ref", 0) == 0 ? 0 : 1;
+      } catch (const dnnl::error&) {
+        c.bf16_native = 0;
+      }
+    }
+  }
+  return c.bf16_native == 1;
+}
+
+void gemm_bf16_converting(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                          const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float* C,
+                          int64_t ldc, bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
+    return;
+  }
+  Context& c = ctx();
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const float* a = widen(c.conv_a, A, a_rows, a_cols, lda);
+  const float* b = widen(c.conv_b, B, b_rows, b_cols, ldb);
+  gemm(trans_a, trans_b, M, N, K, a, a_cols, b, b_cols, C, ldc, accumulate);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
+               bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (!bf16_gemm_native() || K == 0) {
+    gemm_bf16_converting(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  Entry& e = lookup(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, true});
+  e.a.set_data_handle(const_cast<uint16_t*>(A));
+  e.b.set_data_handle(const_cast<uint16_t*>(B));
+  e.c.set_data_handle(C);
+  e.prim.execute(ctx().stream, e.args);
+  ctx().stream.wait();
+}
+
+std::string gemm_isa(bool bf16) {
+  if (bf16 && !bf16_gemm_native()) return "bf16->f32 convert + " + gemm_isa(false);
+  const int64_t n = 2048;
+  return make_pd(Key{false, false, n, n, n, n, n, n, false, bf16}).impl_info_str();
 }
 
 int64_t gemm_cache_size() {
@@ -171,6 +255,26 @@ double gemm_probe_flops(int64_t n, int reps) {
   for (int r = 0; r < reps; ++r) {
     double t0 = cpu::now_seconds();
     gemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
+    best = std::min(best, cpu::now_seconds() - t0);
+  }
+  return 2.0 * static_cast<double>(n) * n * n / best;
+}
+
+double gemm_probe_flops_bf16(int64_t n, int reps) {
+  Buffer<float> af(n * n), bf(n * n);
+  Buffer<uint16_t> a(n * n), b(n * n);
+  Buffer<float> c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) {
+    af[i] = static_cast<float>(i % 7) * 0.1f;
+    bf[i] = static_cast<float>(i % 5) * 0.1f;
+  }
+  f32_to(DType::BF16, af.data(), n * n, a.data());
+  f32_to(DType::BF16, bf.data(), n * n, b.data());
+  gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = cpu::now_seconds();
+    gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
     best = std::min(best, cpu::now_seconds() - t0);
   }
   return 2.0 * static_cast<double>(n) * n * n / best;
