@@ -73,12 +73,14 @@ void run_case(const Bf16Case& c, bool accumulate, uint32_t seed, bool converting
     for (int64_t q = 0; q < b_cols; ++q) B[r * ldb + q] = to_bf16(rb[r * b_cols + q]);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = rc[i * N + j];  // C0 (garbage if !accumulate)
-  auto a_at = [&](int64_t i, int64_t k) {
-    return from_bf16(c.ta ? A[k * lda + i] : A[i * lda + k]);
-  };
-  auto b_at = [&](int64_t k, int64_t j) {
-    return from_bf16(c.tb ? B[j * ldb + k] : B[k * ldb + j]);
-  };
+  // The logical op(A), op(B) as doubles, read back from the bf16 operands.
+  std::vector<double> a(M * K), b(K * N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k)
+      a[i * K + k] = from_bf16(c.ta ? A[k * lda + i] : A[i * lda + k]);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t j = 0; j < N; ++j)
+      b[k * N + j] = from_bf16(c.tb ? B[j * ldb + k] : B[k * ldb + j]);
 
   (converting ? gemm_bf16_converting : gemm_bf16)(c.ta, c.tb, M, N, K, A.data(), lda, B.data(), ldb,
                                                   C.data(), ldc, accumulate);
@@ -89,8 +91,8 @@ void run_case(const Bf16Case& c, bool accumulate, uint32_t seed, bool converting
     for (int64_t j = 0; j < N; ++j) {
       double ref = accumulate ? rc[i * N + j] : 0.0, mag = accumulate ? std::abs(ref) : 0.0;
       for (int64_t k = 0; k < K; ++k) {
-        ref += a_at(i, k) * b_at(k, j);
-        mag += std::abs(a_at(i, k) * b_at(k, j));
+        ref += a[i * K + k] * b[k * N + j];
+        mag += std::abs(a[i * K + k] * b[k * N + j]);
       }
       const double err = std::abs(C[i * ldc + j] - ref);
       const double tol = 2.0 * static_cast<double>(K + 1) * FLT_EPSILON * mag;
