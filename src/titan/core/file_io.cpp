@@ -1,0 +1,179 @@
+#include "titan/core/file_io.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "titan/core/error.h"
+#include "titan/core/test_hooks.h"
+
+namespace titan::io {
+namespace fs = std::filesystem;
+
+std::string errno_message(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+std::string temp_name(const std::string& path) {
+  return path + ".tmp-" + std::to_string(static_cast<long>(::getpid()));
+}
+
+namespace {
+
+// Writes all of data to fd; returns 0 or the errno of the failure.
+int write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return EIO;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::string_view data, const char* kill_point) {
+  write_file_atomic(path, {data}, kill_point);
+}
+
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces,
+                       const char* kill_point) {
+  const std::string tmp = temp_name(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    throw Error(path + ": cannot create " + tmp + " (" + errno_message(e) + ")");
+  }
+  int e = 0;
+  for (const auto& piece : pieces)
+    if (e == 0) e = write_all(fd, piece.data(), piece.size());
+  const char* what = "write failed";
+  if (e == 0 && ::fsync(fd) != 0) {
+    e = errno;
+    what = "fsync failed";
+  }
+  if (::close(fd) != 0 && e == 0) {
+    e = errno;
+    what = "close failed";
+  }
+  if (e == 0 && kill_point) test::kill_point(kill_point);
+  if (e == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    e = errno;
+    what = "cannot rename the finished temporary file into place";
+  }
+  if (e != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(path + ": " + what + " (" + errno_message(e) + "); the file was not written");
+  }
+  fsync_dir(fs::path(path).parent_path().string());
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+bool pid_alive(int64_t pid) {
+  if (pid <= 0 || pid > 0x3fffffff) return false;
+  if (pid == ::getpid()) return true;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid) {
+  const size_t dash = name.rfind('-');
+  if (dash == std::string::npos) return false;
+  const std::string digits = name.substr(dash + 1);
+  if (digits.empty() || digits.size() > 10 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  const size_t dot = name.rfind('.', dash);
+  if (dot == std::string::npos || dot == 0) return false;
+  const std::string k = name.substr(dot + 1, dash - dot - 1);
+  if (k != "tmp" && k != "old" && k != "del") return false;
+  *base = name.substr(0, dot);
+  *kind = k;
+  *pid = std::stoll(digits);
+  return true;
+}
+
+int remove_stale_temps(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir, ec)) {
+    std::string base, kind;
+    int64_t pid = 0;
+    if (!parse_temp_name(e.path().filename().string(), &base, &kind, &pid)) continue;
+    if (base != name || kind != "tmp" || pid_alive(pid)) continue;
+    std::error_code rec;
+    if (fs::remove_all(e.path(), rec) > 0 && !rec) ++removed;
+  }
+  return removed;
+}
+
+AppendFile::AppendFile(const std::string& path) : path_(path) {
+  struct stat st;
+  created_ = ::stat(path.c_str(), &st) != 0;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int e = errno;
+    throw Error(path + ": cannot open for appending (" + errno_message(e) + ")");
+  }
+  if (::fstat(fd_, &st) == 0) size_ = st.st_size;
+}
+
+AppendFile::AppendFile(AppendFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      created_(o.created_),
+      size_(o.size_) {}
+
+AppendFile& AppendFile::operator=(AppendFile&& o) noexcept {
+  std::swap(path_, o.path_);
+  std::swap(fd_, o.fd_);
+  std::swap(created_, o.created_);
+  std::swap(size_, o.size_);
+  return *this;
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::append(std::string_view data, const std::string& what) {
+  check(fd_ >= 0, path_ + ": not open");
+  const int e = write_all(fd_, data.data(), data.size());
+  if (e == 0) {
+    size_ += static_cast<int64_t>(data.size());
+    return;
+  }
+  // Leave the file as it was: no partial record.
+  const bool remove = created_ && size_ == 0;
+  (void)::ftruncate(fd_, size_);
+  ::close(fd_);
+  fd_ = -1;
+  if (remove) ::unlink(path_.c_str());
+  throw Error(path_ + ": cannot write " + what + " (" + errno_message(e) + ")");
+}
+
+void AppendFile::close() {
+  if (fd_ < 0) return;
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    const int e = errno;
+    throw Error(path_ + ": close failed (" + errno_message(e) + ")");
+  }
+}
+
+}  // namespace titan::io

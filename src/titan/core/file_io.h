@@ -1,0 +1,72 @@
+// Writing files so that a failure is reported and leaves nothing half-written: every write, fsync
+// and close is checked, errors are titan::Error lines naming the file and the system's reason
+// ("No space left on device"), and a file appears under its name only once it is complete.
+//
+// Temporary names are NAME.tmp-PID (and, for checkpoint directories, .old-PID / .del-PID): a run
+// killed before its rename leaves one behind, and the next run removes those whose PID no longer
+// runs (remove_stale_temps).
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+namespace titan::io {
+
+// strerror-like text for errno e.
+std::string errno_message(int e);
+
+// path + ".tmp-<pid of this process>".
+std::string temp_name(const std::string& path);
+
+// Writes data to path through temp_name(path): write, fsync, close, rename. On any failure the
+// temporary file is removed and titan::Error names path and the reason; an earlier file at path
+// is then untouched. kill_point: a test hook reached between the fsync and the rename.
+void write_file_atomic(const std::string& path, std::string_view data,
+                       const char* kill_point = nullptr);
+// The same for data given in pieces, written one after the other.
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces,
+                       const char* kill_point = nullptr);
+
+// Makes renames inside dir durable (fsync of the directory). Best effort.
+void fsync_dir(const std::string& dir);
+
+// Whether process pid exists (kill(pid, 0); a process of another user counts as alive).
+bool pid_alive(int64_t pid);
+
+// Splits "BASE.KIND-PID" (KIND: tmp, old or del; PID all digits). False for other names.
+bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid);
+
+// Removes dir/NAME.tmp-PID (file or directory) left by a killed run whose PID no longer runs, for
+// each such name. Returns how many were removed; failures to remove are ignored.
+int remove_stale_temps(const std::string& dir, const std::string& name);
+
+// A file appended to record by record (metrics.jsonl): each append() writes the whole record or,
+// on failure, truncates the file back to where it was (removing it if this object created it)
+// and throws titan::Error naming the file.
+class AppendFile {
+ public:
+  AppendFile() = default;
+  // Opens (creating) path for appending; throws titan::Error naming it on failure.
+  explicit AppendFile(const std::string& path);
+  AppendFile(AppendFile&& o) noexcept;
+  AppendFile& operator=(AppendFile&& o) noexcept;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  // what: the record, for the message ("the metrics record for step 3").
+  void append(std::string_view data, const std::string& what);
+  // Closes, checking the result; throws titan::Error naming the file.
+  void close();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool created_ = false;
+  int64_t size_ = 0;
+};
+
+}  // namespace titan::io
