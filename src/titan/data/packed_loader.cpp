@@ -1,6 +1,8 @@
 #include "titan/data/packed_loader.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 #include "titan/core/error.h"
 #include "titan/core/rng.h"
@@ -110,22 +112,111 @@ nlohmann::json PackedLoader::state() const {
           {"positions", tail(pos_)}};
 }
 
+namespace {
+
+using nlohmann::json;
+
+// s[key] as an integer; titan::Error naming the field when absent or of another type.
+int64_t int_field(const json& s, const char* key) {
+  check(s.contains(key), std::string("dataloader state lacks \"") + key + "\"");
+  const json& v = s[key];
+  const bool ok = v.is_number_integer() &&
+                  (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
+  check(ok, std::string("dataloader state: \"") + key + "\" must be an integer, got " +
+                v.dump().substr(0, 40));
+  return v.get<int64_t>();
+}
+
+// s[key] as integers in [lo, hi).
+std::vector<int64_t> int_array(const json& s, const char* key, int64_t lo, int64_t hi) {
+  check(s.contains(key), std::string("dataloader state lacks \"") + key + "\"");
+  const json& a = s[key];
+  check(a.is_array(), std::string("dataloader state: \"") + key + "\" must be an array");
+  std::vector<int64_t> r;
+  r.reserve(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const json& v = a[i];
+    const bool integer = v.is_number_integer() &&
+                         (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
+    const int64_t x = integer ? v.get<int64_t>() : 0;
+    check(integer && x >= lo && x < hi, std::string("dataloader state: \"") + key + "\"[" +
+                                            std::to_string(i) + "] is " + v.dump().substr(0, 40) +
+                                            ", outside [" + std::to_string(lo) + ", " +
+                                            std::to_string(hi) + ")");
+    r.push_back(x);
+  }
+  return r;
+}
+
+std::vector<int32_t> narrow(const std::vector<int64_t>& v) {
+  return std::vector<int32_t>(v.begin(), v.end());
+}
+
+}  // namespace
+
 void PackedLoader::restore(const nlohmann::json& s) {
-  check(s.value("version", 0) == 1, "dataloader state: unknown version");
-  check(s.at("documents").get<int64_t>() == docs_->size() &&
-            s.at("dp_world").get<int64_t>() == opt_.dp_world &&
-            s.at("dp_rank").get<int64_t>() == opt_.dp_rank &&
-            s.at("seq_len").get<int64_t>() == opt_.seq_len,
-        "dataloader state was saved with another dataset, seq_len or data-parallel degree; "
-        "resume with the same settings");
-  epoch_ = s.at("epoch").get<int64_t>();
-  cursor_ = s.at("cursor").get<int64_t>();
-  order_ = s.at("order").get<std::vector<int64_t>>();
-  in_ = s.at("input").get<std::vector<int32_t>>();
-  lab_ = s.at("labels").get<std::vector<int32_t>>();
-  pos_ = s.at("positions").get<std::vector<int32_t>>();
+  // Everything is checked before anything changes: a position outside this dataset would read
+  // out of bounds (order, cursor) or feed ids past the vocabulary or the RoPE table.
+  check(s.is_object(), "dataloader state must be a JSON object");
+  check(int_field(s, "version") == 1, "dataloader state: unknown \"version\" (expected 1)");
+  const int64_t docs = int_field(s, "documents");
+  check(docs == docs_->size(), "dataloader state is for a dataset of " + std::to_string(docs) +
+                                   " documents, this one has " + std::to_string(docs_->size()) +
+                                   "; resume with the same dataset");
+  const int64_t world = int_field(s, "dp_world"), rank = int_field(s, "dp_rank");
+  check(world == opt_.dp_world && rank == opt_.dp_rank,
+        "dataloader state is for data-parallel rank " + std::to_string(rank) + " of " +
+            std::to_string(world) + ", this run is rank " + std::to_string(opt_.dp_rank) + " of " +
+            std::to_string(opt_.dp_world) + "; resume with the same degree");
+  const int64_t seq = int_field(s, "seq_len");
+  check(seq == opt_.seq_len, "dataloader state was saved with training.seq_len " +
+                                 std::to_string(seq) + ", this run has " +
+                                 std::to_string(opt_.seq_len) + "; resume with the same seq_len");
+  const int64_t epoch = int_field(s, "epoch");
+  check(epoch >= 0, "dataloader state: \"epoch\" is negative");
+
+  // The order must be a permutation of this rank's documents.
+  std::vector<int64_t> order = int_array(s, "order", 0, docs);
+  int64_t mine = 0;
+  for (int64_t i = opt_.dp_rank; i < docs; i += opt_.dp_world) ++mine;
+  check(static_cast<int64_t>(order.size()) == mine,
+        "dataloader state: \"order\" lists " + std::to_string(order.size()) +
+            " documents, this rank has " + std::to_string(mine));
+  std::vector<bool> seen(static_cast<size_t>(docs), false);
+  for (int64_t d : order) {
+    check(d % opt_.dp_world == opt_.dp_rank && !seen[static_cast<size_t>(d)],
+          "dataloader state: \"order\" is not a permutation of this rank's documents (document " +
+              std::to_string(d) + ")");
+    seen[static_cast<size_t>(d)] = true;
+  }
+  const int64_t cursor = int_field(s, "cursor");
+  check(cursor >= 0 && cursor <= mine, "dataloader state: \"cursor\" " + std::to_string(cursor) +
+                                           " is outside [0, " + std::to_string(mine) + "]");
+
+  // The pending tokens: ids within the vocabulary, positions counting up from 0 within a
+  // document (what refill() produces), so next() never computes a negative position.
+  const int64_t vocab = docs_->vocab_size();
+  std::vector<int64_t> in = int_array(s, "input", 0, vocab);
+  std::vector<int64_t> lab = int_array(s, "labels", 0, vocab);
+  std::vector<int64_t> pos = int_array(s, "positions", 0, opt_.seq_len);
+  check(in.size() == lab.size() && in.size() == pos.size(),
+        "dataloader state: \"input\", \"labels\" and \"positions\" differ in length (" +
+            std::to_string(in.size()) + ", " + std::to_string(lab.size()) + ", " +
+            std::to_string(pos.size()) + ")");
+  for (size_t i = 1; i < pos.size(); ++i)
+    check(pos[i] == 0 || pos[i] == pos[i - 1] + 1,
+          "dataloader state: \"positions\"[" + std::to_string(i) + "] is " +
+              std::to_string(pos[i]) + " after " + std::to_string(pos[i - 1]) +
+              "; positions count up from 0 within a document");
+
+  epoch_ = epoch;
+  cursor_ = cursor;
+  order_ = std::move(order);
+  in_ = narrow(in);
+  lab_ = narrow(lab);
+  pos_ = narrow(pos);
   head_ = 0;
-  check(in_.size() == lab_.size() && in_.size() == pos_.size(), "dataloader state is corrupt");
+  exhausted_ = false;
 }
 
 }  // namespace titan::data

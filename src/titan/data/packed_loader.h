@@ -38,7 +38,9 @@ class PackedLoader {
   int64_t epoch() const { return epoch_; }
 
   // Everything needed to continue exactly where this loader is: the batch after restore() is
-  // the batch that would have come next. Restoring checks the options match.
+  // the batch that would have come next. restore() checks every field (types, the options, the
+  // order against this rank's documents, the cursor, ids against the vocabulary, positions) and
+  // throws titan::Error naming the field, leaving the loader unchanged.
   nlohmann::json state() const;
   void restore(const nlohmann::json& state);
 
