@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 
 namespace titan::data {
 
@@ -127,28 +128,14 @@ void write_token_shard(const std::string& path, const std::vector<uint64_t>& off
   std::memcpy(header + 16, &T, 8);
   std::memcpy(header + 24, &D, 8);
   std::memcpy(header + 32, &V, 8);
-  const std::string tmp = path + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    check(f.good(), "cannot write the token shard '" + tmp + "'");
-    f.write(reinterpret_cast<const char*>(header), sizeof header);
-    f.write(reinterpret_cast<const char*>(offsets.data()),
-            static_cast<std::streamsize>(offsets.size() * 8));
-    f.write(reinterpret_cast<const char*>(ids.data()),
-            static_cast<std::streamsize>(ids.size() * 4));
-    f.flush();
-    if (!f.good()) {
-      f.close();
-      std::remove(tmp.c_str());
-      throw Error("cannot write the token shard '" + path + "' (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-  }
+  // Written whole under a temporary name, then renamed: a failure (a full disk) leaves no
+  // partial shard and names the file; a killed earlier run's temporary file is removed first.
+  const std::filesystem::path p(path);
+  io::remove_stale_temps(p.parent_path().string(), p.filename().string());
+  io::write_file_atomic(
+      path, {std::string_view(reinterpret_cast<const char*>(header), sizeof header),
+             std::string_view(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8),
+             std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * 4)});
 }
 
 TokenizeStats tokenize_to_shard(const SourceOptions& source, const Tokenizer& tok,

@@ -3,10 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "nlohmann/json.hpp"
 #include "titan/core/error.h"
 #include "titan/core/log.h"
+#include "titan/core/test_hooks.h"
 
 namespace titan::train {
 
@@ -81,29 +84,74 @@ std::string format_validation_jsonl(const ValidationMetrics& m) {
   return j.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& jsonl_path, bool color) : color_(color) {
+int64_t trim_metrics(const std::string& path, int64_t start_step) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  io::remove_stale_temps(p.parent_path().string(), p.filename().string());
+  if (!fs::exists(p, ec)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), path + ": cannot read");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check(!in.bad(), path + ": read failed");
+  std::string kept;
+  int64_t dropped = 0;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) {  // cut short by a kill
+      ++dropped;
+      break;
+    }
+    const std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= start_step) {
+      kept += line;
+      kept += '\n';
+    } else {
+      ++dropped;
+    }
+  }
+  if (dropped == 0) return 0;
+  io::write_file_atomic(path, kept, "metrics:rewrite");
+  return dropped;
+}
+
+MetricsWriter::MetricsWriter(const std::string& jsonl_path, bool color, int64_t start_step)
+    : color_(color) {
   if (jsonl_path.empty()) return;
   std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path(), ec);
-  jsonl_.open(jsonl_path, std::ios::app);
-  check(jsonl_.good(),
-        "cannot open metrics file '" + jsonl_path + "' for writing; check dump_folder");
+  const auto parent = std::filesystem::path(jsonl_path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  check(!ec, "cannot create " + parent.string() + " for " + jsonl_path + " (" + ec.message() +
+                 "); check dump_folder");
+  if (const int64_t n = trim_metrics(jsonl_path, start_step))
+    log::info(jsonl_path + ": dropped " + std::to_string(n) + " record(s) after step " +
+              std::to_string(start_step) + " left by an earlier run (this run " +
+              (start_step > 0 ? "resumes" : "starts") + " there)");
+  jsonl_ = io::AppendFile(jsonl_path);
+}
+
+void MetricsWriter::append(const std::string& line, int64_t step) {
+  if (!jsonl_.is_open()) return;
+  const std::string what = "the metrics record of step " + std::to_string(step);
+  if (test::kill_due("metrics:partial")) {
+    jsonl_.append(line.substr(0, line.size() / 2), what);
+    test::kill_now();
+  }
+  jsonl_.append(line + "\n", what);
 }
 
 void MetricsWriter::log(const StepMetrics& m) {
   log::info(format_console(m, color_));
-  if (jsonl_.is_open()) {
-    jsonl_ << format_jsonl(m) << '\n';
-    jsonl_.flush();
-  }
+  append(format_jsonl(m), m.step);
 }
 
 void MetricsWriter::log_validation(const ValidationMetrics& m) {
   log::info(format_validation_console(m, color_));
-  if (jsonl_.is_open()) {
-    jsonl_ << format_validation_jsonl(m) << '\n';
-    jsonl_.flush();
-  }
+  append(format_validation_jsonl(m), m.step);
 }
 
 }  // namespace titan::train

@@ -2,9 +2,10 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
+
+#include "titan/core/file_io.h"
 
 namespace titan::train {
 
@@ -46,14 +47,25 @@ std::string format_validation_jsonl(const ValidationMetrics& m);
 
 class MetricsWriter {
  public:
-  // jsonl_path empty: no file. The file is opened for append (a resumed run continues it).
-  MetricsWriter(const std::string& jsonl_path, bool color);
+  // jsonl_path empty: no file. The file is opened for append: a resumed run continues it. The
+  // records of steps after start_step (written by the run this one resumes, after its
+  // checkpoint, or by an earlier run in the same folder; and a line cut short by a kill) are
+  // dropped first (the file rewritten through a temporary name), so no step appears twice.
+  MetricsWriter(const std::string& jsonl_path, bool color, int64_t start_step = 0);
+  // Each record is appended whole or not at all: a failed write (a full disk) truncates the file
+  // back and throws titan::Error naming it.
   void log(const StepMetrics& m);
   void log_validation(const ValidationMetrics& m);
 
  private:
-  std::ofstream jsonl_;
+  void append(const std::string& line, int64_t step);
+  io::AppendFile jsonl_;
   bool color_;
 };
+
+// Drops the records of `path` whose step is past start_step, and any incomplete or malformed
+// line; rewrites the file (temporary name, then rename) only when something is dropped.
+// Returns the number of lines dropped.
+int64_t trim_metrics(const std::string& path, int64_t start_step);
 
 }  // namespace titan::train

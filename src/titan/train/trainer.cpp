@@ -207,7 +207,7 @@ void Trainer::train() {
   log::info("Training starts at step " + std::to_string(step_ + 1));
 
   MetricsWriter writer(cfg_.metrics.enable_jsonl ? cfg_.dump_folder + "/metrics.jsonl" : "",
-                       log::color());
+                       log::color(), step_);
   const double flops_per_token = model_->flops_per_token(t.seq_len);
   double last_log = cpu::now_seconds(), data_since_log = 0;
   int64_t tokens_since_log = 0, steps_since_log = 0;
