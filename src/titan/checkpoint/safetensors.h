@@ -51,6 +51,9 @@ class SafetensorsFile {
   const TensorView* find(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
+  // The whole file as mapped (for checksums).
+  const uint8_t* bytes() const { return static_cast<const uint8_t*>(map_); }
+  size_t size() const { return map_size_; }
 
  private:
   SafetensorsFile() = default;

@@ -1,0 +1,50 @@
+#include "titan/checkpoint/xxh3.h"
+
+namespace titan::ckpt::xxh3 {
+
+#define TITAN_XXH3_DECLARE(v)                       \
+  namespace v {                                     \
+  uint64_t hash(const void* data, size_t n);        \
+  void* create();                                   \
+  void destroy(void* s);                            \
+  void reset(void* s);                              \
+  void update(void* s, const void* data, size_t n); \
+  uint64_t digest(const void* s);                   \
+  }
+TITAN_XXH3_DECLARE(sse2)
+TITAN_XXH3_DECLARE(avx2)
+#undef TITAN_XXH3_DECLARE
+
+namespace {
+
+struct Impl {
+  const char* name;
+  uint64_t (*hash)(const void*, size_t);
+  void* (*create)();
+  void (*destroy)(void*);
+  void (*reset)(void*);
+  void (*update)(void*, const void*, size_t);
+  uint64_t (*digest)(const void*);
+};
+
+const Impl& impl() {
+  static const Impl i = __builtin_cpu_supports("avx2")
+                            ? Impl{"avx2",      avx2::hash,   avx2::create, avx2::destroy,
+                                   avx2::reset, avx2::update, avx2::digest}
+                            : Impl{"sse2",      sse2::hash,   sse2::create, sse2::destroy,
+                                   sse2::reset, sse2::update, sse2::digest};
+  return i;
+}
+
+}  // namespace
+
+uint64_t hash(const void* data, size_t n) { return impl().hash(data, n); }
+const char* variant() { return impl().name; }
+
+Stream::Stream() : state_(impl().create()) { impl().reset(state_); }
+Stream::~Stream() { impl().destroy(state_); }
+void Stream::reset() { impl().reset(state_); }
+void Stream::update(const void* data, size_t n) { impl().update(state_, data, n); }
+uint64_t Stream::digest() const { return impl().digest(state_); }
+
+}  // namespace titan::ckpt::xxh3

@@ -1,0 +1,32 @@
+// XXH3-64 (xxHash, the header of Debian's libxxhash-dev in its inline mode) with the widest
+// vector code the CPU runs: AVX2 where available (xxh3_avx2.cpp, built with -mavx2), else SSE2
+// (xxh3_sse2.cpp). The packaged shared library is built for the generic x86-64 baseline and
+// hashes about 4x slower than the AVX2 code, which would make checksum verification a
+// noticeable part of a checkpoint load. Both give the same hashes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace titan::ckpt::xxh3 {
+
+uint64_t hash(const void* data, size_t n);
+
+// Streaming: the hash of the concatenated updates.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void reset();
+  void update(const void* data, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;
+};
+
+// "avx2" or "sse2": the code in use.
+const char* variant();
+
+}  // namespace titan::ckpt::xxh3
