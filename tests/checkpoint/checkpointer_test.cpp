@@ -8,8 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "test_util.h"
+#include "titan/checkpoint/checksums.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/model.h"
@@ -150,6 +152,304 @@ TEST_P(HfRoundTrip, TrainExportImport) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfRoundTrip,
                          ::testing::Values("tied_gqa2", "untied_gqa1", "moe_norm",
                                            "moe_nonorm_dense1"));
+
+}  // namespace
+}  // namespace titan::ckpt
+
+namespace titan::ckpt {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using titan::testing::error_of;
+
+// Runs `steps` steps of the small job, saving when due; returns the losses.
+std::vector<double> run_steps(const config::JobConfig& c, int steps) {
+  train::Trainer t(c, docs());
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    losses.push_back(t.step().loss);
+    t.maybe_checkpoint();
+  }
+  return losses;
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream f(path);
+  return json::parse(f);
+}
+
+void write_json_file(const std::string& path, const json& j) { std::ofstream(path) << j.dump(); }
+
+// The message of constructing a trainer on c ("" when it succeeds).
+std::string resume_error(const config::JobConfig& c) {
+  return error_of([&] { train::Trainer t(c, docs()); });
+}
+
+// What the trainer logs while constructing on c.
+std::string resume_log(const config::JobConfig& c) {
+  ::testing::internal::CaptureStdout();
+  { train::Trainer t(c, docs()); }
+  return ::testing::internal::GetCapturedStdout();
+}
+
+bool has(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// The names in dir other than step-N directories (temporaries left behind).
+std::vector<std::string> leftovers(const std::string& dir) {
+  std::vector<std::string> r;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".tmp") != std::string::npos || n.find(".old") != std::string::npos ||
+        n.find(".del") != std::string::npos)
+      r.push_back(n);
+  }
+  return r;
+}
+
+TEST(CheckpointResume, BadDataLoaderPositionIsAnErrorNamingTheFile) {
+  const std::string dump = temp_dir("bad_cursor");
+  run_steps(small(dump), 2);
+  const std::string st = dump + "/checkpoint/step-2/train_state.json";
+  const json good = read_json_file(st);
+  fs::remove(dump + "/checkpoint/step-2/checksums.json");  // hand-edited below
+  for (const auto& [field, value, needle] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"cursor", 1 << 30, "\"cursor\" 1073741824 is outside"},
+           {"order", json::array({0, 1}), "\"order\" lists 2 documents, this rank has 30"},
+           {"input", json::array({1, 2, 99999}), "\"input\"[2] is 99999"}}) {
+    json j = good;
+    j["dataloader"][field] = value;
+    write_json_file(st, j);
+    const std::string err = resume_error(small(dump));
+    EXPECT_TRUE(has(err, st + ": dataloader state: ") && has(err, needle)) << err;
+  }
+}
+
+TEST(CheckpointResume, WrongTypesInTrainStateNameFileAndField) {
+  const std::string dump = temp_dir("bad_types");
+  run_steps(small(dump), 2);
+  const std::string st = dump + "/checkpoint/step-2/train_state.json";
+  const json good = read_json_file(st);
+  fs::remove(dump + "/checkpoint/step-2/checksums.json");
+  for (const auto& [key, value, needle] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"step", "two", "\"step\" must be a non-negative integer, got \"two\""},
+           {"step", -2, "\"step\" must be a non-negative integer"},
+           {"step", 3, "\"step\" is 3 but the folder is step-2"},
+           {"tokens_seen", json::array(), "\"tokens_seen\" must be a non-negative integer"},
+           {"dataloader", 5, "\"dataloader\" must be a JSON object"}}) {
+    json j = good;
+    j[key] = value;
+    write_json_file(st, j);
+    const std::string err = resume_error(small(dump));
+    EXPECT_TRUE(has(err, st + ": " + needle)) << err;
+  }
+  std::ofstream(st) << "{\"step\": 2,";
+  EXPECT_TRUE(has(resume_error(small(dump)), st + ": invalid JSON"));
+  write_json_file(st, json::array());
+  EXPECT_TRUE(has(resume_error(small(dump)), st + ": not a JSON object"));
+}
+
+TEST(CheckpointResume, ChecksumCatchesABitFlipAndNamesAnOlderStep) {
+  const std::string dump = temp_dir("bitflip");
+  run_steps(small(dump), 4);
+  const std::string model = dump + "/checkpoint/step-4/model.safetensors";
+  {
+    std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;  // one bit of one weight
+    f.seekp(-100, std::ios::end);
+    f.write(&c, 1);
+  }
+  const std::string err = resume_error(small(dump));
+  EXPECT_TRUE(has(err, model + ": checksum mismatch")) << err;
+  EXPECT_TRUE(has(err, "--checkpoint.load_step 2")) << err;
+  const auto size = fs::file_size(model);
+  fs::resize_file(model, size - 8);
+  EXPECT_TRUE(has(resume_error(small(dump)), model + ": " + std::to_string(size - 8) +
+                                                 " bytes, but checksums.json records " +
+                                                 std::to_string(size)))
+      << resume_error(small(dump));
+  config::JobConfig c = small(dump);
+  c.checkpoint.load_step = 2;
+  EXPECT_EQ(resume_error(c), "");
+  // A checkpoint without checksums.json (an older titan's) loads, with a warning.
+  fs::remove(dump + "/checkpoint/step-2/checksums.json");
+  EXPECT_TRUE(has(resume_log(c), "step-2 has no checksums.json"));
+}
+
+TEST(CheckpointResume, NewestStepMissingAFileIsRefusedWithTheOlderStep) {
+  const std::string dump = temp_dir("incomplete");
+  run_steps(small(dump), 4);
+  fs::remove(dump + "/checkpoint/step-4/optimizer.safetensors");
+  const std::string err = resume_error(small(dump));
+  EXPECT_TRUE(has(err, "step-4 lacks optimizer.safetensors")) << err;
+  EXPECT_TRUE(has(err,
+                  "step 2 is the newest older complete checkpoint: resume it with "
+                  "--checkpoint.load_step 2"))
+      << err;
+  fs::remove(dump + "/checkpoint/step-2/train_state.json");
+  EXPECT_TRUE(has(resume_error(small(dump)), "no older complete checkpoint"));
+}
+
+TEST(CheckpointResume, StateWithoutDataLoaderPositionWarns) {
+  const std::string dump = temp_dir("no_dataloader");
+  run_steps(small(dump), 2);
+  const std::string st = dump + "/checkpoint/step-2/train_state.json";
+  json j = read_json_file(st);
+  j.erase("dataloader");
+  write_json_file(st, j);
+  fs::remove(dump + "/checkpoint/step-2/checksums.json");
+  EXPECT_TRUE(has(resume_log(small(dump)),
+                  "has no dataloader position; the data order restarts from the first document"));
+}
+
+TEST(CheckpointResume, ChangedDataSettingsAreRefusedOrWarned) {
+  const std::string dump = temp_dir("settings");
+  run_steps(small(dump), 2);
+  const std::string st = dump + "/checkpoint/step-2/train_state.json";
+  const json saved = read_json_file(st)["data"];
+  EXPECT_EQ(saved, json({{"tokenizer", "byte"},
+                         {"local_batch_size", 2},
+                         {"global_batch_size", 2},
+                         {"seq_len", 32}}));
+  config::JobConfig c = small(dump);
+  c.training.seq_len = 16;
+  EXPECT_TRUE(has(resume_error(c), st + ": the checkpoint was trained with training.seq_len 32, "
+                                        "this run has 16"))
+      << resume_error(c);
+  c = small(dump);
+  c.training.local_batch_size = 4;
+  EXPECT_TRUE(has(resume_log(c),
+                  "training.local_batch_size was 2 when the checkpoint was saved, "
+                  "this run has 4"));
+  // Another tokenizer (recorded by hand: the test model's vocabulary fits only the byte one).
+  json j = read_json_file(st);
+  j["data"]["tokenizer"] = "/models/other-tokenizer";
+  write_json_file(st, j);
+  fs::remove(dump + "/checkpoint/step-2/checksums.json");
+  EXPECT_TRUE(has(resume_error(small(dump)),
+                  "trained with dataloader.tokenizer '/models/other-tokenizer', this run has "
+                  "'byte'"))
+      << resume_error(small(dump));
+}
+
+TEST(CheckpointResume, StepPastTrainingStepsIsAnError) {
+  const std::string dump = temp_dir("past_steps");
+  run_steps(small(dump), 4);
+  config::JobConfig c = small(dump);
+  c.training.steps = 3;
+  EXPECT_TRUE(has(resume_error(c), "step-4 is at step 4, past training.steps = 3"))
+      << resume_error(c);
+}
+
+// A finished run (model-only export at training.steps) started again does nothing; with
+// training.steps raised it resumes the newest full checkpoint, saying so.
+TEST(CheckpointResume, FinishedRunIsANoOp) {
+  const std::string dump = temp_dir("finished");
+  config::JobConfig c = small(dump);
+  c.checkpoint.last_save_model_only = true;
+  c.metrics.enable_jsonl = true;
+  c.metrics.peak_flops = 1e11;
+  c.metrics.log_freq = 1;
+  { train::Trainer(c, docs()).train(); }
+  const auto stamp = fs::last_write_time(dump + "/checkpoint/step-4");
+  const auto metrics = fs::file_size(dump + "/metrics.jsonl");
+  ::testing::internal::CaptureStdout();
+  {
+    train::Trainer t(c, docs());
+    EXPECT_EQ(t.current_step(), 4);
+    t.train();
+  }
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(has(out, "Already at step 4 = training.steps; nothing to train")) << out;
+  EXPECT_FALSE(has(out, "step:  4")) << out;
+  EXPECT_EQ(fs::last_write_time(dump + "/checkpoint/step-4"), stamp);
+  EXPECT_EQ(fs::file_size(dump + "/metrics.jsonl"), metrics);
+  c.training.steps = 6;
+  const std::string log = resume_log(c);
+  EXPECT_TRUE(has(log, "step-4 holds only the model exported at the end of a run")) << log;
+  EXPECT_TRUE(has(log, "resuming from " + dump + "/checkpoint/step-2, the newest full")) << log;
+}
+
+// Resuming from step 2 after a run reached step 4: metrics.jsonl holds each step once, with the
+// uninterrupted run's losses.
+TEST(CheckpointResume, MetricsHaveNoDuplicateStepsAfterResume) {
+  const std::string dump = temp_dir("metrics_dup");
+  config::JobConfig c = small(dump);
+  c.metrics.enable_jsonl = true;
+  c.metrics.peak_flops = 1e11;
+  c.metrics.log_freq = 1;
+  auto records = [&] {
+    std::vector<std::pair<int64_t, double>> r;
+    std::ifstream f(dump + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      json j = json::parse(line);
+      r.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+    }
+    return r;
+  };
+  { train::Trainer(c, docs()).train(); }
+  const auto first = records();
+  ASSERT_EQ(first.size(), 4u);
+  c.checkpoint.load_step = 2;
+  { train::Trainer(c, docs()).train(); }
+  EXPECT_EQ(records(), first);
+  // A line cut short by a kill is dropped too.
+  std::ofstream(dump + "/metrics.jsonl", std::ios::app) << "{\"step\": 5, \"lo";
+  { train::Trainer(c, docs()).train(); }
+  EXPECT_EQ(records(), first);
+}
+
+TEST(CheckpointResume, EmptyDumpFolderIsRefused) {
+  config::JobConfig c = small("");
+  EXPECT_TRUE(has(resume_error(c), "dump_folder is empty")) << resume_error(c);
+  c.checkpoint.enable = false;
+  EXPECT_TRUE(has(resume_error(c), "dump_folder is empty"));
+}
+
+// What a killed run leaves is removed at the next start (only where its PID no longer runs); an
+// .old folder whose step is missing (killed between the two renames of a replacement) is put
+// back.
+TEST(CheckpointResume, StaleTemporariesAreCleanedAtStart) {
+  const std::string dump = temp_dir("stale");
+  run_steps(small(dump), 4);
+  const std::string ck = dump + "/checkpoint";
+  const std::string dead = "4194309";  // above Linux's PID limit: never a running process
+  const std::string live = std::to_string(getppid());
+  fs::create_directories(ck + "/step-6.tmp-" + dead);
+  std::ofstream(ck + "/step-6.tmp-" + dead + "/model.safetensors") << "half";
+  fs::create_directories(ck + "/step-2.old-" + dead);  // step-2 exists: a stale copy
+  fs::create_directories(ck + "/step-1.del-" + dead);
+  fs::create_directories(ck + "/step-8.tmp-" + live);  // another run, still writing
+  fs::rename(ck + "/step-4", ck + "/step-4.old-" + dead);
+  const std::string log = resume_log(small(dump));
+  EXPECT_TRUE(has(log, "Removed 3 unfinished folder(s)")) << log;
+  EXPECT_TRUE(has(log, "Restored step-4.old-" + dead)) << log;
+  EXPECT_TRUE(has(log, "Resuming from checkpoint " + ck + "/step-4 at step 4")) << log;
+  EXPECT_EQ(leftovers(ck), std::vector<std::string>{"step-8.tmp-" + live});
+}
+
+// Saving a step that exists (a resumed run re-training it) replaces it whole: with
+// renameat2(RENAME_EXCHANGE), and with the two-rename fallback; nothing is left beside it.
+TEST(CheckpointResume, ReplacingAStepLeavesOnlyTheNewOne) {
+  for (bool exchange : {true, false}) {
+    const std::string dump = temp_dir(exchange ? "replace_x" : "replace_r");
+    if (!exchange) setenv("TITAN_TEST_DISABLE", "rename_exchange", 1);
+    config::JobConfig c = small(dump);
+    run_steps(c, 4);
+    const std::string model4 = dump + "/checkpoint/step-4/model.safetensors";
+    std::ofstream(dump + "/checkpoint/step-4/marker") << "old";
+    c.checkpoint.load_step = 2;
+    run_steps(c, 2);
+    unsetenv("TITAN_TEST_DISABLE");
+    EXPECT_FALSE(fs::exists(dump + "/checkpoint/step-4/marker")) << exchange;
+    EXPECT_TRUE(verify_checksums(dump + "/checkpoint/step-4"));
+    EXPECT_TRUE(leftovers(dump + "/checkpoint").empty()) << exchange;
+  }
+}
 
 }  // namespace
 }  // namespace titan::ckpt

@@ -1,14 +1,23 @@
 #include "titan/checkpoint/checkpointer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
+#include "titan/checkpoint/checksums.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
+#include "titan/core/test_hooks.h"
 
 namespace titan::ckpt {
 namespace fs = std::filesystem;
@@ -50,9 +59,7 @@ std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, boo
 }
 
 void write_json(const fs::path& path, const json& j) {
-  std::ofstream f(path);
-  f << j.dump(2) << "\n";
-  check(f.good(), "cannot write " + path.string());
+  io::write_file_atomic(path.string(), j.dump(2) + "\n");
 }
 
 json read_json(const fs::path& path) {
@@ -63,48 +70,248 @@ json read_json(const fs::path& path) {
   return j;
 }
 
-// Renames tmp to dst, replacing an older dst.
-void commit_dir(const fs::path& tmp, const fs::path& dst) {
-  std::error_code ec;
-  if (fs::exists(dst)) {
-    fs::path old = dst.string() + ".old-" + std::to_string(getpid());
-    fs::rename(dst, old);
-    fs::rename(tmp, dst);
-    fs::remove_all(old, ec);
-  } else {
-    fs::rename(tmp, dst);
-  }
+std::string step_name(int64_t step) { return "step-" + std::to_string(step); }
+
+// "step-N" -> N; -1 for other names.
+int64_t parse_step(const std::string& name) {
+  const std::string digits = name.rfind("step-", 0) == 0 ? name.substr(5) : "";
+  if (digits.empty() || digits.size() >= 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return std::stoll(digits);
 }
 
+// Moves from -> to, throwing titan::Error naming both.
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  check(!ec, "cannot rename " + from.string() + " to " + to.string() + " (" + ec.message() + ")");
+}
+
+// Puts the complete directory tmp at dst (see the header: one atomic swap when dst exists).
+void commit_dir(const fs::path& tmp, const fs::path& dst) {
+  const std::string parent = dst.parent_path().string();
+  std::error_code ec;
+  if (!fs::exists(dst, ec)) {
+    rename_or_throw(tmp, dst);
+    io::fsync_dir(parent);
+    return;
+  }
+  if (!test::disabled("rename_exchange") &&
+      ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dst.c_str(), RENAME_EXCHANGE) == 0) {
+    io::fsync_dir(parent);
+    test::kill_point("save:replace");
+    fs::remove_all(tmp, ec);  // the previous copy
+    return;
+  }
+  const int e = errno;
+  check(test::disabled("rename_exchange") || e == EINVAL || e == ENOSYS || e == EOPNOTSUPP,
+        "cannot replace " + dst.string() + " with " + tmp.string() + " (" + io::errno_message(e) +
+            ")");
+  // No RENAME_EXCHANGE here: two renames; a crash between them leaves step-N.old-PID, which
+  // the next run renames back (clean_stale).
+  const fs::path old = dst.string() + ".old-" + std::to_string(getpid());
+  rename_or_throw(dst, old);
+  test::kill_point("save:replace");
+  try {
+    rename_or_throw(tmp, dst);
+  } catch (const Error&) {
+    fs::rename(old, dst, ec);  // put the previous copy back
+    throw;
+  }
+  io::fsync_dir(parent);
+  fs::remove_all(old, ec);
+}
+
+// A fresh, empty step-N.tmp-PID beside dst.
 fs::path temp_sibling(const fs::path& dst) {
-  fs::path tmp = dst.string() + ".tmp-" + std::to_string(getpid());
+  fs::path tmp = io::temp_name(dst.string());
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
+  fs::create_directories(tmp, ec);
+  check(!ec, "cannot create " + tmp.string() + " (" + ec.message() + ")");
   return tmp;
 }
 
-// step-N directories holding a full (resumable) checkpoint, sorted by N.
-std::vector<std::pair<int64_t, fs::path>> resumable_steps(const fs::path& folder) {
-  std::vector<std::pair<int64_t, fs::path>> r;
+// What a step-N directory holds.
+enum class Kind { Full, ModelOnly, Incomplete };
+struct StepDir {
+  int64_t step;
+  fs::path path;
+  Kind kind;
+  std::string lacks;  // Incomplete: the first missing file
+};
+
+StepDir classify(int64_t step, const fs::path& dir) {
+  std::error_code ec;
+  const bool state = fs::exists(dir / "train_state.json", ec);
+  const bool opt = fs::exists(dir / "optimizer.safetensors", ec);
+  const bool model = fs::exists(dir / "model.safetensors", ec) ||
+                     fs::exists(dir / "model.safetensors.index.json", ec);
+  if (state && opt && model) return {step, dir, Kind::Full, ""};
+  if (!state && !opt && model) return {step, dir, Kind::ModelOnly, ""};
+  const char* lacks = !model ? "model.safetensors"
+                      : !opt ? "optimizer.safetensors"
+                             : "train_state.json";
+  return {step, dir, Kind::Incomplete, lacks};
+}
+
+// Every step-N directory of folder, sorted by N.
+std::vector<StepDir> step_dirs(const fs::path& folder) {
+  std::vector<StepDir> r;
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) return r;
-  for (const auto& e : fs::directory_iterator(folder)) {
-    const std::string name = e.path().filename().string();
-    const std::string digits = name.rfind("step-", 0) == 0 ? name.substr(5) : "";
-    if (e.is_directory() && !digits.empty() && digits.size() < 18 &&
-        digits.find_first_not_of("0123456789") == std::string::npos &&
-        fs::exists(e.path() / "train_state.json") && fs::exists(e.path() / "optimizer.safetensors"))
-      r.emplace_back(std::stoll(digits), e.path());
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    const int64_t step = parse_step(e.path().filename().string());
+    std::error_code dec;
+    if (step >= 0 && e.is_directory(dec)) r.push_back(classify(step, e.path()));
   }
-  std::sort(r.begin(), r.end());
+  std::sort(r.begin(), r.end(), [](const StepDir& a, const StepDir& b) { return a.step < b.step; });
   return r;
+}
+
+// The newest full checkpoint before `step` ("" message part when there is none).
+std::string older_hint(const std::vector<StepDir>& dirs, int64_t step) {
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
+    if (it->step < step && it->kind == Kind::Full)
+      return "; step " + std::to_string(it->step) + " is the newest older complete checkpoint: " +
+             "resume it with --checkpoint.load_step " + std::to_string(it->step);
+  return "; no older complete checkpoint exists";
+}
+
+// A non-negative integer field of train_state.json.
+int64_t state_int(const json& j, const std::string& path, const char* key, bool required) {
+  if (!j.contains(key)) {
+    check(!required, path + ": missing \"" + key + "\"");
+    return 0;
+  }
+  const json& v = j[key];
+  check(v.is_number_integer() && (v.is_number_unsigned() || v.get<int64_t>() >= 0) &&
+            v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+        path + ": \"" + key + "\" must be a non-negative integer, got " + v.dump());
+  return v.get<int64_t>();
+}
+
+// train_state.json of step directory `dir`, every field type-checked.
+TrainState read_train_state(const fs::path& dir, int64_t step) {
+  const fs::path p = dir / "train_state.json";
+  const std::string path = p.string();
+  const json j = read_json(p);
+  check(j.is_object(), path + ": not a JSON object");
+  TrainState st;
+  st.path = path;
+  st.step = state_int(j, path, "step", true);
+  check(st.step == step, path + ": \"step\" is " + std::to_string(st.step) + " but the folder is " +
+                             step_name(step));
+  st.tokens_seen = state_int(j, path, "tokens_seen", false);
+  for (const char* key : {"dataloader", "data"}) {
+    const json v = j.value(key, json());
+    check(v.is_null() || v.is_object(),
+          path + ": \"" + key + "\" must be a JSON object, got " + v.dump().substr(0, 60));
+    (std::string(key) == "dataloader" ? st.dataloader : st.data) = v;
+  }
+  return st;
 }
 
 }  // namespace
 
-void load_model_weights(models::Model& model, const std::string& path, bool hf) {
-  SafetensorsSet set = SafetensorsSet::open(path);
+void check_dump_folder(const config::JobConfig& cfg) {
+  check(!cfg.dump_folder.empty(),
+        "dump_folder is empty: metrics.jsonl would go to the file-system root and checkpoints to "
+        "the current directory; give a directory, e.g. --dump_folder ./outputs");
+}
+
+namespace {
+
+// The files of the sets that lie in dir, by name.
+std::map<std::string, const SafetensorsFile*> files_in(
+    const std::string& dir, std::initializer_list<const SafetensorsSet*> sets) {
+  std::map<std::string, const SafetensorsFile*> r;
+  std::error_code ec;
+  const fs::path d = fs::weakly_canonical(dir, ec);
+  for (const SafetensorsSet* set : sets)
+    for (const auto& f : set->files()) {
+      const fs::path p(f.path());
+      std::error_code pec;
+      if (!ec && fs::weakly_canonical(p.parent_path(), pec) == d && !pec)
+        r[p.filename().string()] = &f;
+    }
+  return r;
+}
+
+// dir's checksums.json with every listed file's presence and size checked (before the files
+// are opened, so a truncated file is named as such); nullopt, with a warning, when there is none.
+std::optional<std::map<std::string, FileSum>> precheck_dir(const std::string& dir) {
+  auto sums = read_checksums(dir);
+  if (!sums) {
+    log::warn(dir + " has no " + kChecksumsName +
+              " (written by an older titan or another tool); its files are not verified");
+    return sums;
+  }
+  std::set<std::string> all;
+  for (const auto& [name, s] : *sums) all.insert(name);
+  verify_checksums(dir, {}, all);
+  return sums;
+}
+
+// Hashes the listed files that read_native does not check while reading the sets' (which must
+// be listed).
+void verify_rest(const std::string& dir, const std::optional<std::map<std::string, FileSum>>& sums,
+                 std::initializer_list<const SafetensorsSet*> sets) {
+  if (!sums) return;
+  std::set<std::string> streamed;
+  for (const auto& [name, f] : files_in(dir, sets)) {
+    check(sums->count(name), f->path() + ": not listed in " + kChecksumsName +
+                                 "; the directory was changed after it was saved");
+    streamed.insert(name);
+  }
+  verify_checksums(dir, {}, streamed);
+}
+
+// What to read from a native set: tensor name, expected shape, fp32 destination.
+struct Want {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* dst;
+};
+
+// Reads `wants` from set, one verified pass per file (read_verified) when sums are given.
+void read_native(const SafetensorsSet& set, const std::vector<Want>& wants,
+                 const std::optional<std::map<std::string, FileSum>>& sums) {
+  std::vector<std::vector<TensorRead>> per_file(set.files().size());
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < set.files().size(); ++i) index[set.files()[i].path()] = i;
+  for (const auto& w : wants) {
+    const TensorView* t = set.find(w.name);
+    check(t != nullptr, set.path() + ": tensor '" + w.name + "' not found");
+    const std::string& file = set.file_of(w.name);
+    const std::string at = file + ": tensor '" + w.name + "'";
+    auto shape_str = [](const std::vector<int64_t>& s) {
+      std::string r = "[";
+      for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+      return r + "]";
+    };
+    check(t->shape == w.shape,
+          at + " has shape " + shape_str(t->shape) + ", expected " + shape_str(w.shape));
+    check(t->dtype == DType::F32 || t->dtype == DType::F16 || t->dtype == DType::BF16 ||
+              t->dtype == DType::F64,
+          at + " has dtype " + dtype_name(t->dtype) +
+              "; only F32, F16, BF16 and F64 convert to fp32");
+    per_file[index.at(file)].push_back({t, w.dst});
+  }
+  for (size_t i = 0; i < set.files().size(); ++i) {
+    const SafetensorsFile& f = set.files()[i];
+    const FileSum* sum = nullptr;
+    if (sums) {
+      auto it = sums->find(fs::path(f.path()).filename().string());
+      if (it != sums->end()) sum = &it->second;
+    }
+    read_verified(f.path(), f.bytes(), f.size(), std::move(per_file[i]), sum);
+  }
+}
+
+void read_weights(models::Model& model, const SafetensorsSet& set, const std::string& path, bool hf,
+                  const std::optional<std::map<std::string, FileSum>>& sums) {
   if (hf) {
     model.load_hf(set, path);
     return;
@@ -115,26 +322,50 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf) 
   check(missing.empty(), path + ": native checkpoint lacks " + std::to_string(missing.size()) +
                              " parameter(s), e.g. '" + (missing.empty() ? "" : missing[0]) +
                              "'; for a Hugging Face directory set checkpoint.initial_load_in_hf");
+  std::vector<Want> wants;
   for (const auto& p : model.params())
-    if (!p.alias) set.read_f32(p.fqn, p.shape, model.param_data() + p.offset);
+    if (!p.alias) wants.push_back({p.fqn, p.shape, model.param_data() + p.offset});
   for (const auto& b : model.buffers())  // absent in a model-only export: stays zero
-    if (set.find(b.fqn)) set.read_f32(b.fqn, b.shape, b.data);
+    if (set.find(b.fqn)) wants.push_back({b.fqn, b.shape, b.data});
+  read_native(set, wants, sums);
+}
+
+}  // namespace
+
+void load_model_weights(models::Model& model, const std::string& path, bool hf, bool verify) {
+  std::error_code ec;
+  std::optional<std::map<std::string, FileSum>> sums;
+  if (verify && fs::is_directory(path, ec) && fs::exists(fs::path(path) / kChecksumsName, ec))
+    sums = precheck_dir(path);
+  SafetensorsSet set = SafetensorsSet::open(path);
+  if (sums && hf) {  // the model reads in its own order: check first, hashing the mappings
+    std::map<std::string, Mapped> mapped;
+    for (const auto& [name, f] : files_in(path, {&set})) mapped[name] = {f->bytes(), f->size()};
+    verify_checksums(path, mapped);
+    sums.reset();
+  }
+  verify_rest(path, sums, {&set});
+  read_weights(model, set, path, hf, sums);
 }
 
 void export_hf(const std::string& dir, const models::Model& model, const std::string& dtype,
                const std::string& source_dir, int64_t max_shard_bytes) {
   const DType dt = export_dtype(dtype);
   const fs::path dst(dir);
-  fs::create_directories(dst.parent_path().empty() ? "." : dst.parent_path());
+  std::error_code ec;
+  fs::create_directories(dst.parent_path().empty() ? "." : dst.parent_path(), ec);
+  check(!ec, "cannot create " + dst.parent_path().string() + " (" + ec.message() + ")");
   const fs::path tmp = temp_sibling(dst);
   try {
     std::vector<std::vector<uint8_t>> storage;
     write_model(tmp.string(), model_tensors(model, dt, true, &storage), max_shard_bytes,
                 {{"format", "pt"}});
+    test::kill_point("export:model");
     json base;
     if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "config.json"))
       base = read_json(fs::path(source_dir) / "config.json");
     write_json(tmp / "config.json", model.hf_config(base, dtype));
+    test::kill_point("export:config");
     json gen = {{"_from_model_config", true}};
     if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "generation_config.json")) {
       gen = read_json(fs::path(source_dir) / "generation_config.json");
@@ -145,47 +376,120 @@ void export_hf(const std::string& dir, const models::Model& model, const std::st
     write_json(tmp / "generation_config.json", gen);
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                           "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"})
-      if (!source_dir.empty() && fs::exists(fs::path(source_dir) / f))
-        fs::copy_file(fs::path(source_dir) / f, tmp / f);
+      if (!source_dir.empty() && fs::exists(fs::path(source_dir) / f)) {
+        fs::copy_file(fs::path(source_dir) / f, tmp / f, ec);
+        check(!ec, "cannot copy " + (fs::path(source_dir) / f).string() + " to " +
+                       (tmp / f).string() + " (" + ec.message() + ")");
+      }
+    write_checksums(tmp.string());
+    io::fsync_dir(tmp.string());
     commit_dir(tmp, dst);
+  } catch (const Error& e) {
+    fs::remove_all(tmp, ec);
+    throw Error("cannot export the model to " + dir + " (nothing was left there): " + e.what());
   } catch (...) {
-    std::error_code ec;
     fs::remove_all(tmp, ec);
     throw;
   }
 }
 
 Checkpointer::Checkpointer(const config::JobConfig& cfg) : cfg_(cfg) {
+  check_dump_folder(cfg);
   folder_ = (fs::path(cfg.dump_folder) / cfg.checkpoint.folder).string();
+}
+
+void Checkpointer::clean_stale() {
+  std::error_code ec;
+  if (!fs::is_directory(folder_, ec)) return;
+  std::vector<std::string> removed, restored;
+  for (const auto& e : fs::directory_iterator(folder_, ec)) {
+    std::string base, kind;
+    int64_t pid = 0;
+    const std::string name = e.path().filename().string();
+    if (!io::parse_temp_name(name, &base, &kind, &pid) || parse_step(base) < 0 ||
+        io::pid_alive(pid))
+      continue;
+    const fs::path step_dir = fs::path(folder_) / base;
+    std::error_code rec;
+    if (kind == "old" && !fs::exists(step_dir, rec)) {
+      rename_or_throw(e.path(), step_dir);  // killed between the two renames of a replacement
+      restored.push_back(name);
+      continue;
+    }
+    fs::remove_all(e.path(), rec);
+    check(!rec, "cannot remove " + e.path().string() + ", left by a killed run (" + rec.message() +
+                    "); remove it by hand");
+    removed.push_back(name);
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string r;
+    for (const auto& n : v) r += (r.empty() ? "" : ", ") + n;
+    return r;
+  };
+  if (!removed.empty())
+    log::info("Removed " + std::to_string(removed.size()) + " unfinished folder(s) left in " +
+              folder_ + " by a killed run: " + join(removed));
+  if (!restored.empty())
+    log::info("Restored " + join(restored) + " in " + folder_ +
+              " (a run was killed while replacing it)");
 }
 
 std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
                                              float* exp_avg_sq) {
   const auto& k = cfg_.checkpoint;
-  auto steps = resumable_steps(folder_);
-  if (k.enable && !steps.empty()) {
-    fs::path dir = steps.back().second;
+  const int64_t steps = cfg_.training.steps;
+  if (k.enable) clean_stale();
+  const std::vector<StepDir> dirs = k.enable ? step_dirs(folder_) : std::vector<StepDir>{};
+  if (!dirs.empty()) {
+    const StepDir* pick = &dirs.back();
     if (k.load_step >= 0) {
-      auto it = std::find_if(steps.begin(), steps.end(),
-                             [&](const auto& s) { return s.first == k.load_step; });
-      check(it != steps.end(), "checkpoint.load_step " + std::to_string(k.load_step) +
-                                   " has no checkpoint in " + folder_);
-      dir = it->second;
+      auto it = std::find_if(dirs.begin(), dirs.end(),
+                             [&](const StepDir& d) { return d.step == k.load_step; });
+      if (it == dirs.end()) {
+        std::string have;
+        for (const auto& d : dirs) have += (have.empty() ? "" : ", ") + std::to_string(d.step);
+        throw Error("checkpoint.load_step " + std::to_string(k.load_step) +
+                    " has no checkpoint in " + folder_ + " (steps there: " + have + ")");
+      }
+      pick = &*it;
     }
-    load_model_weights(model, dir.string(), false);
-    SafetensorsSet opt = SafetensorsSet::open((dir / "optimizer.safetensors").string());
-    for (const auto& p : model.params()) {
-      if (p.alias) continue;
-      opt.read_f32("exp_avg." + p.fqn, p.shape, exp_avg + p.offset);
-      opt.read_f32("exp_avg_sq." + p.fqn, p.shape, exp_avg_sq + p.offset);
+    const std::string dir = pick->path.string();
+    check(pick->step <= steps,
+          dir + " is at step " + std::to_string(pick->step) +
+              ", past training.steps = " + std::to_string(steps) +
+              ": raise --training.steps, resume an earlier step with --checkpoint.load_step, "
+              "or use another dump_folder");
+    if (pick->kind == Kind::Incomplete)
+      throw Error(dir + " lacks " + pick->lacks + " (an incomplete or damaged checkpoint)" +
+                  older_hint(dirs, pick->step));
+    if (pick->kind == Kind::ModelOnly) {
+      if (pick->step == steps) {
+        TrainState st;
+        st.step = pick->step;
+        st.finished = true;
+        st.path = dir;
+        log::info(dir + " holds the model exported at the end of training");
+        return st;
+      }
+      const std::string why = dir +
+                              " holds only the model exported at the end of a run "
+                              "(checkpoint.last_save_model_only), which cannot resume "
+                              "training";
+      auto full = std::find_if(dirs.rbegin(), dirs.rend(),
+                               [&](const StepDir& d) { return d.kind == Kind::Full; });
+      check(k.load_step < 0 && full != dirs.rend() && full->step < pick->step,
+            why + "; to train on from its weights, use --checkpoint.initial_load_path " + dir +
+                " with another dump_folder");
+      log::warn(why + "; resuming from " + full->path.string() +
+                ", the newest full checkpoint, instead");
+      pick = &*full;
     }
-    json j = read_json(dir / "train_state.json");
-    TrainState st;
-    st.step = j.at("step").get<int64_t>();
-    st.tokens_seen = j.value("tokens_seen", int64_t{0});
-    st.dataloader = j.value("dataloader", json());
-    log::info("Resuming from checkpoint " + dir.string() + " at step " + std::to_string(st.step));
-    return st;
+    try {
+      return load_full(model, exp_avg, exp_avg_sq, pick->path.string(), pick->step);
+    } catch (const Error& e) {
+      if (k.load_step >= 0) throw;
+      throw Error(std::string(e.what()) + older_hint(dirs, pick->step));
+    }
   }
   if (!k.initial_load_path.empty()) {
     load_model_weights(model, k.initial_load_path, k.initial_load_in_hf);
@@ -197,21 +501,51 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
   return std::nullopt;
 }
 
+TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* exp_avg_sq,
+                                   const std::string& dir, int64_t step) {
+  const auto sums = precheck_dir(dir);
+  SafetensorsSet weights = SafetensorsSet::open(dir);
+  SafetensorsSet opt = SafetensorsSet::open((fs::path(dir) / "optimizer.safetensors").string());
+  verify_rest(dir, sums, {&weights, &opt});  // train_state.json
+  TrainState st = read_train_state(dir, step);
+  read_weights(model, weights, dir, false, sums);
+  std::vector<Want> moments;
+  for (const auto& p : model.params()) {
+    if (p.alias) continue;
+    moments.push_back({"exp_avg." + p.fqn, p.shape, exp_avg + p.offset});
+    moments.push_back({"exp_avg_sq." + p.fqn, p.shape, exp_avg_sq + p.offset});
+  }
+  read_native(opt, moments, sums);
+  log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
+  return st;
+}
+
 void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Model& model,
                               const float* exp_avg, const float* exp_avg_sq) {
   const auto& k = cfg_.checkpoint;
   if (!due(st.step, last)) return;
-  const fs::path dst = fs::path(folder_) / ("step-" + std::to_string(st.step));
-  fs::create_directories(folder_);
+  const fs::path dst = fs::path(folder_) / step_name(st.step);
+  std::error_code ec;
+  fs::create_directories(folder_, ec);
+  check(!ec, "cannot create the checkpoint folder " + folder_ + " (" + ec.message() + ")");
   if (last && k.last_save_model_only) {
     if (k.last_save_in_hf) {
       export_hf(dst.string(), model, k.export_dtype, cfg_.model.hf_assets_path);
     } else {
       const fs::path tmp = temp_sibling(dst);
-      std::vector<std::vector<uint8_t>> storage;
-      write_file((tmp / "model.safetensors").string(),
-                 model_tensors(model, export_dtype(k.export_dtype), false, &storage));
-      commit_dir(tmp, dst);
+      try {
+        std::vector<std::vector<uint8_t>> storage;
+        write_file((tmp / "model.safetensors").string(),
+                   model_tensors(model, export_dtype(k.export_dtype), false, &storage));
+        test::kill_point("export:model");
+        write_checksums(tmp.string());
+        io::fsync_dir(tmp.string());
+        commit_dir(tmp, dst);
+      } catch (const Error& e) {
+        fs::remove_all(tmp, ec);
+        throw Error("cannot export the model to " + dst.string() +
+                    " (nothing was left there): " + e.what());
+      }
     }
     log::info("Saved the model (" + k.export_dtype + (k.last_save_in_hf ? ", Hugging Face" : "") +
               ") to " + dst.string());
@@ -222,6 +556,7 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
     std::vector<std::vector<uint8_t>> storage;
     write_file((tmp / "model.safetensors").string(),
                model_tensors(model, DType::F32, false, &storage));
+    test::kill_point("save:model");
     std::vector<WriteTensor> opt;
     for (const auto& p : model.params()) {
       if (p.alias) continue;
@@ -229,13 +564,20 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
       opt.push_back({"exp_avg_sq." + p.fqn, DType::F32, p.shape, exp_avg_sq + p.offset});
     }
     write_file((tmp / "optimizer.safetensors").string(), opt);
-    write_json(tmp / "train_state.json",
-               {{"step", st.step}, {"tokens_seen", st.tokens_seen}, {"dataloader", st.dataloader}});
+    test::kill_point("save:optimizer");
+    write_json(tmp / "train_state.json", {{"step", st.step},
+                                          {"tokens_seen", st.tokens_seen},
+                                          {"dataloader", st.dataloader},
+                                          {"data", st.data}});
+    test::kill_point("save:train_state");
+    write_checksums(tmp.string());
+    test::kill_point("save:checksums");
+    io::fsync_dir(tmp.string());
     commit_dir(tmp, dst);
-  } catch (...) {
-    std::error_code ec;
+  } catch (const Error& e) {
     fs::remove_all(tmp, ec);
-    throw;
+    throw Error("cannot save checkpoint " + dst.string() +
+                " (the partial copy was removed; earlier checkpoints are intact): " + e.what());
   }
   log::info("Saved checkpoint " + dst.string());
   purge();
@@ -244,10 +586,17 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
 void Checkpointer::purge() {
   const int64_t keep = cfg_.checkpoint.keep_latest_k;
   if (keep <= 0) return;
-  auto steps = resumable_steps(folder_);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) {
+  std::vector<StepDir> full;
+  for (auto& d : step_dirs(folder_))
+    if (d.kind == Kind::Full) full.push_back(d);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < full.size(); ++i) {
+    // Renamed first, so a run killed while removing leaves a .del folder, not a half step-N.
+    const fs::path del = full[i].path.string() + ".del-" + std::to_string(getpid());
     std::error_code ec;
-    fs::remove_all(steps[i].second, ec);
+    fs::rename(full[i].path, del, ec);
+    if (ec) continue;
+    test::kill_point("save:purge");
+    fs::remove_all(del, ec);
   }
 }
 

@@ -24,6 +24,7 @@
 #include <system_error>
 
 #include "titan/core/error.h"
+#include "titan/core/test_hooks.h"
 
 namespace titan::ckpt {
 namespace {
@@ -188,6 +189,16 @@ void write_pieces(const std::string& path, const std::string& shown,
   const int open_errno = errno;
   check(fd >= 0, shown + ": cannot create " + path + " (" + errno_str(open_errno) + ")");
   try {
+    if (test::kill_due("write:partial")) {  // a crash half-way through the file
+      size_t total = 0;
+      for (const auto& pc : pieces) total += pc.second;
+      size_t left = total / 2;
+      for (const auto& [p, n] : pieces) {
+        write_all(fd, p, std::min(n, left), shown);
+        left -= std::min(n, left);
+      }
+      test::kill_now();
+    }
     for (const auto& [p, n] : pieces) write_all(fd, p, n, shown);
     const bool synced = ::fsync(fd) == 0;
     const int e = errno;

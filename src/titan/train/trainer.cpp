@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/core/log.h"
+#include "titan/core/test_hooks.h"
 #include "titan/data/dataset.h"
 #include "titan/models/registry.h"
 #include "titan/ops/gemm.h"
@@ -16,7 +18,22 @@
 
 namespace titan::train {
 
+namespace {
+
+// Whether two dataloader.tokenizer values name the same tokenizer (equal, or the same directory
+// written differently).
+bool same_tokenizer(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea);
+  const auto cb = std::filesystem::weakly_canonical(b, eb);
+  return !ea && !eb && ca == cb;
+}
+
+}  // namespace
+
 Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
+  ckpt::check_dump_folder(cfg_);
   config::validate(cfg_);
   models::validate_model_config(cfg_);
   const auto& t = cfg_.training;
@@ -46,6 +63,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(resolved_tokenizer(cfg_)));
   check_vocab_fits(*dataset, shape->vocab_size());
+  text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr;
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);
     if (auto* text = dynamic_cast<const data::TextDocuments*>(dataset.get()))
@@ -76,7 +94,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     resumed_ = true;
     step_ = st->step;
     tokens_seen_ = st->tokens_seen;
-    if (!st->dataloader.is_null()) loader_->restore(st->dataloader);
+    if (!st->finished) resume_data(*st);
   }
   first_step_ = step_;
   const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
@@ -125,6 +143,7 @@ StepResult Trainer::step() {
     loss_sum += model_->forward_backward(b, scale, aux_weight).sum;
     aux_sum += model_->last_aux_loss();
   }
+  test::kill_point("step:backward");
   tokens_seen_ += grad_accum_ * mb_tokens;
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
   if (const auto coef = model_->aux_loss_coef()) {
@@ -172,16 +191,71 @@ StepResult Trainer::step() {
   return r;
 }
 
+nlohmann::json Trainer::data_settings() const {
+  const auto& t = cfg_.training;
+  return {{"tokenizer", text_data_ ? nlohmann::json(cfg_.dataloader.tokenizer) : nullptr},
+          {"local_batch_size", t.local_batch_size},
+          {"global_batch_size", grad_accum_ * t.local_batch_size},
+          {"seq_len", t.seq_len}};
+}
+
+void Trainer::resume_data(const ckpt::TrainState& st) {
+  // The settings the checkpoint was trained with (absent in an older titan's): another
+  // tokenizer or sequence length would change what the token ids and the loader's position
+  // mean, so refuse; a batch size may change (torchtitan keeps the data position), so warn.
+  const nlohmann::json now = data_settings();
+  if (st.data.is_object()) {
+    const nlohmann::json& was = st.data;
+    auto str = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : ""; };
+    if (was.contains("tokenizer") && was["tokenizer"].is_string() && now["tokenizer"].is_string())
+      check(same_tokenizer(str(was["tokenizer"]), str(now["tokenizer"])),
+            st.path + ": the checkpoint was trained with dataloader.tokenizer '" +
+                str(was["tokenizer"]) + "', this run has '" + str(now["tokenizer"]) +
+                "'; the token ids would not match: resume with --dataloader.tokenizer " +
+                str(was["tokenizer"]) + " or use another dump_folder");
+    if (was.contains("seq_len") && was["seq_len"].is_number_integer())
+      check(was["seq_len"] == now["seq_len"],
+            st.path + ": the checkpoint was trained with training.seq_len " +
+                was["seq_len"].dump() + ", this run has " + now["seq_len"].dump() +
+                "; resume with --training.seq_len " + was["seq_len"].dump() +
+                " or use another dump_folder");
+    for (const char* key : {"local_batch_size", "global_batch_size"})
+      if (was.contains(key) && was[key].is_number_integer() && was[key] != now[key])
+        log::warn(st.path + ": training." + key + " was " + was[key].dump() +
+                  " when the checkpoint was saved, this run has " + now[key].dump() +
+                  "; continuing from the same data position with the new batch size");
+  }
+  if (st.dataloader.is_null()) {
+    log::warn(st.path +
+              " has no dataloader position; the data order restarts from the first document");
+    return;
+  }
+  try {
+    loader_->restore(st.dataloader);
+  } catch (const Error& e) {
+    throw Error(st.path + ": " + e.what());
+  }
+}
+
 void Trainer::maybe_checkpoint() {
   const bool last = step_ == cfg_.training.steps;
   if (!checkpointer_->due(step_, last)) return;
-  ckpt::TrainState st{step_, tokens_seen_, loader_->state()};
+  ckpt::TrainState st;
+  st.step = step_;
+  st.tokens_seen = tokens_seen_;
+  st.dataloader = loader_->state();
+  st.data = data_settings();
   checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
 }
 
 void Trainer::train() {
   const auto& t = cfg_.training;
   log::set_color(!cfg_.metrics.disable_color_printing);
+  if (step_ >= t.steps) {  // a finished run started again: nothing to do, nothing rewritten
+    log::info("Already at step " + std::to_string(step_) +
+              " = training.steps; nothing to train (raise --training.steps to train on)");
+    return;
+  }
   log::info("CPU: " + cpu::describe() + ", " + std::to_string(cpu::num_threads()) + " threads");
   double peak = cfg_.metrics.peak_flops;
   if (peak <= 0) {

@@ -36,7 +36,8 @@ class Trainer {
   // One optimizer step; throws titan::Error (before updating anything) on a non-finite loss
   // or gradient norm.
   StepResult step();
-  // The whole run: training.steps steps with logging.
+  // The whole run: training.steps steps with logging; a run resumed at training.steps logs
+  // "Already at step N = training.steps" and does nothing.
   void train();
 
   models::Model& model() { return *model_; }
@@ -48,6 +49,11 @@ class Trainer {
   ValidationResult validate();
 
  private:
+  // The settings recorded in train_state.json ("data"): tokenizer, batch sizes, seq_len.
+  nlohmann::json data_settings() const;
+  // Checks the resumed state's data settings against this run's, restores the loader.
+  void resume_data(const ckpt::TrainState& st);
+
   config::JobConfig cfg_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<data::PackedLoader> loader_;
@@ -60,7 +66,8 @@ class Trainer {
   int64_t step_ = 0, grad_accum_ = 1, tokens_seen_ = 0;
   int64_t first_step_ = 0;  // step_ when this process started (after a resume)
   bool resumed_ = false;
-  double data_time_ = 0;  // seconds spent loading data in the last step
+  double data_time_ = 0;    // seconds spent loading data in the last step
+  bool text_data_ = false;  // the dataset is text tokenized by dataloader.tokenizer
 };
 
 }  // namespace titan::train

@@ -1,0 +1,88 @@
+// Checkpoints from the command line: each problem is one "titan: error:" line and exit 1 (never
+// a crash, an internal error or a silent success), and a finished job started again is a no-op.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result titan(const std::string& args) {
+  std::string cmd = std::string(TITAN_BINARY) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// one_line: the error is all that is printed (false where log lines legitimately precede it).
+void expect_error(const std::string& args, const std::string& needle, bool one_line = true) {
+  Result r = titan(args);
+  EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+  const size_t at = r.out.find("titan: error: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(needle, at), std::string::npos) << "missing '" << needle << "' in:\n"
+                                                       << r.out;
+  EXPECT_EQ(r.out.find('\n', at), r.out.size() - 1) << "the error is one last line:\n" << r.out;
+  if (one_line) {
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+}
+
+std::string temp_dir() {
+  auto d = std::filesystem::temp_directory_path() / ("titan_cli_ckpt_" + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// Checkpoint and output-folder problems are one error line, never a crash or a silent success:
+// an empty dump_folder, a resumed train_state.json with a cursor past the dataset (read out of
+// bounds before) or a step of the wrong type, a re-run of a finished job (a no-op).
+TEST(CliCheckpoint, ProblemsAreOneLine) {
+  const std::string d = temp_dir();
+  {
+    std::ofstream o(d + "/corpus.txt");
+    for (int i = 0; i < 30; ++i) o << "line " << i << " of the checkpoint cli corpus\n";
+  }
+  const std::string job =
+      "train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 --training.steps 2 "
+      "--training.seq_len 32 --training.local_batch_size 2 --metrics.peak_flops 1e11 "
+      "--dataloader.dataset text --dataloader.dataset_path " +
+      d + "/corpus.txt --checkpoint.enable --checkpoint.interval 1 --dump_folder ";
+  expect_error(job + "''", "dump_folder is empty");
+  Result r = titan(job + d + "/run --checkpoint.last_save_model_only false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = titan(job + d + "/run --checkpoint.last_save_model_only false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Already at step 2 = training.steps; nothing to train"), std::string::npos)
+      << r.out;
+  const std::string st = d + "/run/checkpoint/step-2/train_state.json";
+  std::filesystem::remove(d + "/run/checkpoint/step-2/checksums.json");
+  nlohmann::json j;
+  std::ifstream(st) >> j;
+  j["dataloader"]["cursor"] = 1 << 30;
+  std::ofstream(st) << j.dump();
+  expect_error(job + d + "/run --training.steps 3",
+               st + ": dataloader state: \"cursor\" 1073741824 is outside [0, 30]", false);
+  j["step"] = "2";
+  std::ofstream(st) << j.dump();
+  expect_error(job + d + "/run --training.steps 3",
+               st + ": \"step\" must be a non-negative integer, got \"2\"", false);
+}
+
+}  // namespace
