@@ -167,6 +167,15 @@ void read_verified(const std::string& path, const uint8_t* file, size_t size,
     begin[i] = static_cast<size_t>(reads[i].tensor->data - file);
     end[i] = begin[i] + reads[i].tensor->nbytes;
   }
+  // Ask the kernel to start reading the file from disk at once (a quarter of the memory at
+  // most; beyond that each chunk asks for the next few), so that hashing and copying overlap
+  // the I/O of a file not in the page cache.
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(file) % static_cast<uintptr_t>(::getpagesize()) == 0;
+  const size_t upfront = std::min(size, static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                            static_cast<size_t>(::getpagesize()) / 4);
+  if (aligned && upfront > 0) (void)::madvise(const_cast<uint8_t*>(file), upfront, MADV_WILLNEED);
+  constexpr size_t kAhead = 4 * kChecksumChunkBytes;
   constexpr size_t kBlock = size_t{1} << 20;
   const size_t chunks = num_chunks(size);
   std::vector<uint64_t> got(chunks);
@@ -176,6 +185,8 @@ void read_verified(const std::string& path, const uint8_t* file, size_t size,
 #pragma omp for schedule(dynamic, 1)
     for (size_t c = 0; c < chunks; ++c) {
       const size_t a = c * kChecksumChunkBytes, b = std::min(size, a + kChecksumChunkBytes);
+      if (aligned && a + kAhead > upfront)
+        (void)::madvise(const_cast<uint8_t*>(file) + a, std::min(size - a, kAhead), MADV_WILLNEED);
       if (state) state->reset();
       // The first tensor ending after a.
       size_t t = static_cast<size_t>(std::upper_bound(end.begin(), end.end(), a) - end.begin());
