@@ -193,7 +193,7 @@ StepResult Trainer::step() {
 
 nlohmann::json Trainer::data_settings() const {
   const auto& t = cfg_.training;
-  return {{"tokenizer", text_data_ ? nlohmann::json(cfg_.dataloader.tokenizer) : nullptr},
+  return {{"tokenizer", text_data_ ? nlohmann::json(resolved_tokenizer(cfg_)) : nullptr},
           {"local_batch_size", t.local_batch_size},
           {"global_batch_size", grad_accum_ * t.local_batch_size},
           {"seq_len", t.seq_len}};
