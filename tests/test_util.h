@@ -1,7 +1,9 @@
 // Shared test helpers.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -12,6 +14,23 @@
 #include "titan/core/error.h"
 
 namespace titan::testing {
+
+#ifdef TITAN_BINARY
+// The titan binary run with `args` (a shell string): its exit code and stdout+stderr together.
+struct CliResult {
+  int code;
+  std::string out;
+};
+inline CliResult run_titan(const std::string& args) {
+  std::string cmd = std::string(TITAN_BINARY) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+#endif
 
 // A job on a tiny Qwen3 (2 layers, dim 32, 4/2 heads of 16, hidden 64, vocab 260 — room for the
 // byte tokenizer) without a metrics file; tests set batch, sequence, steps and seed themselves.

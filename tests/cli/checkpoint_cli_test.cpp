@@ -11,23 +11,12 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "test_util.h"
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result titan(const std::string& args) {
-  std::string cmd = std::string(TITAN_BINARY) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = ::titan::testing::CliResult;
+Result titan(const std::string& args) { return ::titan::testing::run_titan(args); }
 
 // one_line: the error is all that is printed (false where log lines legitimately precede it).
 void expect_error(const std::string& args, const std::string& needle, bool one_line = true) {

@@ -28,20 +28,8 @@
 namespace {
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result titan(const std::string& args) {
-  std::string cmd = std::string(TITAN_BINARY) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = ::titan::testing::CliResult;
+Result titan(const std::string& args) { return ::titan::testing::run_titan(args); }
 
 class FullDisk : public ::testing::Test {
  protected:
