@@ -17,6 +17,10 @@ using testing::error_of;
 using testing::fresh_temp_dir;
 
 void expect_plan_matches_peak(config::JobConfig c) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and redzones add ~1/8 to the resident set; "
+                  "the plan is compared with peak RSS in the Release build";
+#endif
   c.dump_folder = fresh_temp_dir("memory_plan");
   c.training.steps = 2;
   c.metrics.log_freq = 1;
