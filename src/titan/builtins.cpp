@@ -10,7 +10,7 @@
 namespace titan::ops {
 
 // The backend tables (ops/backend.h), registered before the first lookup.
-std::vector<Backend> builtin_backends() { return {cpu_backend()}; }
+std::vector<Backend> builtin_backends() { return {cpu_backend(), cpu_bf16_backend()}; }
 
 }  // namespace titan::ops
 
@@ -22,6 +22,7 @@ void register_builtins(Registry& reg) {
   qwen3::register_module_types(reg);
   reg.add_op(ops::cos_sin_rope_op());
   reg.add_op(ops::grouped_experts_op());
+  reg.add_op(ops::grouped_experts_bf16_op());
   reg.add_op(ops::grouped_experts_reference_op());
 }
 

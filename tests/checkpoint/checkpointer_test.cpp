@@ -136,9 +136,10 @@ TEST_P(HfRoundTrip, TrainExportImport) {
   const std::string logits = dump + "/logits.safetensors";
   std::string cmd =
       std::string(TITAN_BINARY) +
-      " eval --config qwen3_debugmodel --training.seq_len 16 --model.hf_assets_path " + out +
-      " --eval.tokens_path " + src + "/expected.safetensors --eval.logits_out " + logits + " > " +
-      dump + "/eval.log 2>&1";
+      " eval --config qwen3_debugmodel --training.seq_len 16 --training.mixed_precision_param "
+      "float32 --model.hf_assets_path " +
+      out + " --eval.tokens_path " + src + "/expected.safetensors --eval.logits_out " + logits +
+      " > " + dump + "/eval.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   cmd = py + " " + TITAN_SOURCE_DIR + "/tools/check_hf_export.py " + out + " --logits " + logits +
         " --atol 1e-4 > " + dump + "/check.log 2>&1";

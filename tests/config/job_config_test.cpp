@@ -201,6 +201,32 @@ TEST(JobConfig, OptimizerAndScheduleRanges) {
             "");
 }
 
+// The precision fields: torchtitan's names and defaults; unknown or unimplemented values are
+// refused with the field and the valid values.
+TEST(JobConfig, PrecisionFields) {
+  JobConfig c;
+  EXPECT_EQ(c.training.mixed_precision_param, "bfloat16");
+  EXPECT_EQ(c.training.mixed_precision_reduce, "float32");
+  EXPECT_EQ(c.training.dtype, "float32");
+  EXPECT_NO_THROW(validate(c));
+  c.training.mixed_precision_param = "fp16";
+  std::string m = titan::testing::error_of([&] { validate(c); });
+  EXPECT_EQ(m,
+            "training.mixed_precision_param 'fp16' is not a known dtype; use bfloat16 or float32");
+  c = JobConfig{};
+  c.training.dtype = "bfloat16";
+  m = titan::testing::error_of([&] { validate(c); });
+  EXPECT_NE(m.find("training.dtype bfloat16 (pure-bf16 master weights) is not implemented"),
+            std::string::npos)
+      << m;
+  c = JobConfig{};
+  c.training.mixed_precision_reduce = "bfloat16";
+  m = titan::testing::error_of([&] { validate(c); });
+  EXPECT_NE(m.find("training.mixed_precision_reduce 'bfloat16' is not supported"),
+            std::string::npos)
+      << m;
+}
+
 // global_batch_size 0 said "must be -1 or a multiple of local_batch_size" (0 is a multiple).
 TEST(JobConfig, GlobalBatchMustBePositive) {
   JobConfig c;

@@ -84,7 +84,19 @@ TEST(BackendTest, MissingPairNamesWhatIsRegistered) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("cpu/float32"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(backend("cpu", "bfloat16"), Error);
+  EXPECT_THROW(backend("cpu", "float16"), Error);
+}
+
+// The mixed-precision table is built in and complete; an fp32 table need not have its members.
+TEST(BackendTest, CpuBfloat16TableIsComplete) {
+  const Backend& b = backend("cpu", "bfloat16");
+  EXPECT_TRUE(b.missing().empty());
+  EXPECT_NE(b.linear_fwd_bf16, nullptr);
+  Backend f = cpu_backend();
+  EXPECT_TRUE(f.missing().empty());
+  f.dtype = "bfloat16";
+  EXPECT_EQ(f.missing(), (std::vector<std::string>{"to_bf16", "linear_fwd_bf16", "linear_bwd_bf16",
+                                                   "lm_head_ce_bf16"}));
 }
 
 TEST(BackendTest, RegisterRejectsIncompleteAndDuplicate) {

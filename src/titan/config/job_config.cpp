@@ -48,6 +48,12 @@ std::vector<Field> fields(JobConfig& c) {
       {"training.seq_len", &c.training.seq_len, "tokens per sequence"},
       {"training.max_norm", &c.training.max_norm, "gradient clipping L2 norm"},
       {"training.steps", &c.training.steps, "optimizer steps"},
+      {"training.mixed_precision_param", &c.training.mixed_precision_param,
+       "GEMM compute dtype: bfloat16 (bf16 inputs, fp32 accumulation, fp32 master weights) or "
+       "float32"},
+      {"training.mixed_precision_reduce", &c.training.mixed_precision_reduce,
+       "gradient reduction dtype across data-parallel ranks: float32"},
+      {"training.dtype", &c.training.dtype, "master weight dtype: float32"},
       {"optimizer.name", &c.optimizer.name, "AdamW"},
       {"optimizer.lr", &c.optimizer.lr, "learning rate"},
       {"optimizer.beta1", &c.optimizer.beta1, "AdamW beta1"},
@@ -420,6 +426,18 @@ void validate(const JobConfig& c) {
   check(t.seq_len > 0, "training.seq_len must be positive");
   check(t.steps > 0, "training.steps must be positive");
   check(t.max_norm > 0, "training.max_norm must be positive");
+  check(t.mixed_precision_param == "bfloat16" || t.mixed_precision_param == "float32",
+        "training.mixed_precision_param '" + t.mixed_precision_param +
+            "' is not a known dtype; use bfloat16 or float32");
+  check(t.mixed_precision_reduce == "float32",
+        "training.mixed_precision_reduce '" + t.mixed_precision_reduce +
+            "' is not supported; gradients are reduced in float32 (use float32)");
+  check(t.dtype == "float32",
+        t.dtype == "bfloat16"
+            ? std::string("training.dtype bfloat16 (pure-bf16 master weights) is not implemented; "
+                          "use float32 master weights with training.mixed_precision_param "
+                          "bfloat16")
+            : "training.dtype '" + t.dtype + "' is not a known dtype; use float32");
   check(t.global_batch_size == -1 || t.global_batch_size > 0,
         "training.global_batch_size must be positive (or -1: local_batch_size × data-parallel "
         "degree), got " +

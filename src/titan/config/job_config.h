@@ -34,6 +34,14 @@ struct TrainingConfig {
   int64_t seq_len = 2048;
   double max_norm = 1.0;
   int64_t steps = 10000;
+  // torchtitan's precision fields. mixed_precision_param: the dtype the GEMMs compute in
+  // (bfloat16 = bf16 inputs, fp32 accumulation, over fp32 master weights; float32 = all fp32).
+  // mixed_precision_reduce: the gradient reduction dtype of data parallelism (float32).
+  // dtype: the master weights' dtype (float32; bfloat16 = torchtitan's pure-bf16 training, not
+  // implemented).
+  std::string mixed_precision_param = "bfloat16";
+  std::string mixed_precision_reduce = "float32";
+  std::string dtype = "float32";
 };
 
 struct OptimizerConfig {

@@ -101,6 +101,9 @@ class Model {
   // ---- parameters and buffers
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual int64_t num_params() const = 0;  // unique parameters (size of the flat buffers)
+  // Bytes of the compute copy of the weights kept beside the fp32 masters (bf16 mixed
+  // precision); 0 when the model computes on its masters.
+  virtual int64_t compute_copy_bytes() const { return 0; }
   virtual float* param_data() = 0;
   virtual const float* param_data() const = 0;
   virtual float* grad_data() = 0;

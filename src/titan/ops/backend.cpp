@@ -69,6 +69,12 @@ std::vector<std::string> Backend::missing() const {
   need(count_experts, "count_experts");
   need(router_aux_stats, "router_aux_stats");
   need(expert_bias_update, "expert_bias_update");
+  if (dtype == "bfloat16") {
+    need(to_bf16, "to_bf16");
+    need(linear_fwd_bf16, "linear_fwd_bf16");
+    need(linear_bwd_bf16, "linear_bwd_bf16");
+    need(lm_head_ce_bf16, "lm_head_ce_bf16");
+  }
   return m;
 }
 

@@ -27,7 +27,7 @@ namespace titan::ops {
 
 struct Backend {
   std::string device;  // "cpu", "cuda", ... (core/device.h names)
-  std::string dtype;   // "float32", ...
+  std::string dtype;   // the GEMMs' compute dtype: "float32" or "bfloat16" (mixed precision)
 
   // ---- memory (device memory; for the CPU backend: aligned_alloc/free/memcpy/memset)
   void* (*alloc)(size_t bytes) = nullptr;  // 64-byte aligned, uninitialized; throws bad_alloc
@@ -59,6 +59,13 @@ struct Backend {
   decltype(&ops::router_aux_stats) router_aux_stats = nullptr;
   decltype(&ops::expert_bias_update) expert_bias_update = nullptr;
 
+  // ---- mixed precision (required when dtype is "bfloat16": bf16 GEMM inputs, fp32 accumulation
+  // and outputs; everything above stays fp32, as torchtitan keeps norms, softmax and the loss)
+  decltype(&ops::to_bf16) to_bf16 = nullptr;                  // elementwise.h
+  decltype(&ops::linear_fwd_bf16) linear_fwd_bf16 = nullptr;  // gemm.h
+  decltype(&ops::linear_bwd_bf16) linear_bwd_bf16 = nullptr;
+  decltype(&ops::lm_head_ce_bf16) lm_head_ce_bf16 = nullptr;  // loss.h
+
   // Names of the members left null ("alloc", "attention_fwd", ...); empty for a complete table.
   std::vector<std::string> missing() const;
 };
@@ -77,6 +84,9 @@ std::vector<std::string> registered_backends();
 
 // The CPU fp32 kernels (ops/cpu/). Registered as a built-in by builtin_backends().
 Backend cpu_backend();
+// cpu_backend() with the mixed-precision members, under dtype "bfloat16" (oneDNN bf16 matmul
+// where the CPU has AVX512-BF16 or AMX, the converting path otherwise; see gemm.h).
+Backend cpu_bf16_backend();
 
 // The backends titan has built in (src/titan/builtins.cpp, the one place that lists them),
 // registered before the first lookup.

@@ -54,4 +54,9 @@ void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t
 void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 
+// ---- bf16 rounding of activations for the mixed-precision GEMMs: y[i] = bf16(x[i]) (raw bit
+// pattern), round to nearest even, NaN kept quiet with its sign, ±inf kept; bitwise the same as
+// core/dtype.h's f32_to(DType::BF16, ...), parallel and vectorized.
+void to_bf16(const float* x, int64_t n, uint16_t* y);
+
 }  // namespace titan::ops

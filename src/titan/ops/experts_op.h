@@ -38,6 +38,9 @@ struct ExpertsArgs {
   const float *w1 = nullptr, *w3 = nullptr, *w2 = nullptr;
   float* saved = nullptr;
   float* scratch = nullptr;
+  // The bf16 compute copies of w1, w3, w2 (raw bf16 bits, same layout) in a mixed-precision run;
+  // null in fp32. An op registered under dtype "bfloat16" multiplies with these.
+  const uint16_t *w1_bf16 = nullptr, *w3_bf16 = nullptr, *w2_bf16 = nullptr;
 };
 
 struct ExpertsGrads {
@@ -61,8 +64,11 @@ struct GroupedExpertsOp {
 // The built-in kernels: "grouped_experts" (tokens permuted so each expert's rows are contiguous,
 // one oneDNN GEMM per expert and projection, deterministic combine) and
 // "grouped_experts_reference" (a plain loop over experts and tokens, for tests and
-// check-kernel).
+// check-kernel). grouped_experts_bf16_op() is "grouped_experts" under dtype "bfloat16": the same
+// algorithm with every GEMM's activation operand rounded to bf16 and the bf16 weight copies
+// (fp32 accumulation; routing weights, SwiGLU and the combine in fp32).
 GroupedExpertsOp grouped_experts_op();
+GroupedExpertsOp grouped_experts_bf16_op();
 GroupedExpertsOp grouped_experts_reference_op();
 
 }  // namespace titan::ops

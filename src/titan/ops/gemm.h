@@ -51,6 +51,22 @@ void gemm_bf16_converting(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
                           const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float* C,
                           int64_t ldc, bool accumulate);
 
+// gemm_rows with bf16 inputs (fp32 output and accumulation), as gemm_bf16 is to gemm.
+void gemm_rows_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                    int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
+                    bool accumulate);
+
+// Mixed-precision linear layer (torch.autocast's bf16 Linear, fp32 output): the fp32 input x is
+// rounded to bf16 (nearest even, ops::to_bf16) into scratch[M·in], w[out,in] is the bf16 compute
+// copy of the weight, y[M,out] = bf16(x)·wᵀ with fp32 accumulation.
+void linear_fwd_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t in,
+                     int64_t out, uint16_t* scratch);
+// Backward of linear_fwd_bf16 (the GEMMs of autocast's backward, inputs rounded to bf16):
+//   dx[M,in] (=, or += when dx_accumulate) bf16(dy)·w;   dw[out,in] (fp32) += bf16(dy)ᵀ·bf16(x).
+// scratch: M·(in + out) bf16 values.
+void linear_bwd_bf16(const float* dy, const float* x, const uint16_t* w, float* dx, float* dw,
+                     int64_t M, int64_t in, int64_t out, bool dx_accumulate, uint16_t* scratch);
+
 // Whether gemm_bf16 runs oneDNN's bf16 matmul: the CPU (as oneDNN sees it, ONEDNN_MAX_CPU_ISA
 // included) has AVX512-BF16 or AMX and oneDNN creates the primitive. oneDNN 2.6 refuses bf16
 // matmul on AVX2 and emulates it slowly on plain AVX512; there the converting path runs instead.

@@ -27,4 +27,13 @@ LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_
                    int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
                    float* scratch);
 
+// The same with the bf16 compute copy of the weight (mixed precision): each chunk's h and logit
+// gradient are rounded to bf16 for the three GEMMs (fp32 accumulation, as torch.autocast's bf16
+// Linear); logits, log-sum-exp, softmax and the CE stay fp32 (torchtitan computes the loss in
+// fp32). dw is the fp32 gradient. scratch: lm_head_ce_bf16_scratch floats.
+int64_t lm_head_ce_bf16_scratch(int64_t T, int64_t V, int64_t D, int64_t chunk_rows);
+LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels, int64_t T,
+                        int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
+                        float* dw, float* scratch);
+
 }  // namespace titan::ops

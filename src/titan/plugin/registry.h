@@ -22,6 +22,10 @@ class OpTable {
   // Throws titan::Error naming what is registered under (kind, name) when the key is absent.
   const void* get(const std::string& kind, const std::string& name, const std::string& device,
                   const std::string& dtype) const;
+  bool has(const std::string& kind, const std::string& name, const std::string& device,
+           const std::string& dtype) const {
+    return ops_.count(Key{kind, name, device, dtype}) > 0;
+  }
   void clear() { ops_.clear(); }
 
  private:

@@ -1,10 +1,12 @@
 #include "titan/train/memory_plan.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/models/registry.h"
+#include "titan/ops/gemm.h"
 
 namespace titan::train {
 namespace {
@@ -55,6 +57,11 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
     (s.saved ? saved : work) += s.aligned_bytes();
     n_saved += s.saved;
   }
+  const bool bf16 = t.mixed_precision_param == "bfloat16";
+  int64_t largest = 0, loss_scratch = 0;  // sizes behind the converting path's copies
+  for (const auto& q : m.params()) largest = std::max(largest, q.numel);
+  for (const auto& s : m.activation_table())
+    if (s.name == "loss.scratch") loss_scratch = s.numel();
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size : t.global_batch_size;
   const int64_t step_tokens = global * t.seq_len;
   MemoryPlan plan;
@@ -72,8 +79,21 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
       {"workspaces (shared by the layers)", work},
       {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };
+  if (bf16) {
+    plan.lines.insert(plan.lines.begin() + 4,
+                      {"bf16 compute copy of the weights", m.compute_copy_bytes()});
+    // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
+    // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.
+    if (!ops::bf16_gemm_native())
+      plan.lines.push_back({"fp32 operand copies of the converting bf16 path (no AVX512-BF16/AMX)",
+                            4 * (largest + loss_scratch)});
+  }
   if (cfg.metrics.peak_flops <= 0)
-    plan.lines.push_back({"GEMM probe at start (3 x 2048^2 fp32, freed)", 3 * 4 * 2048 * 2048});
+    plan.lines.push_back(bf16 ? MemoryPlan::Line{"GEMM probe at start (2048^2: 3 fp32 + 2 bf16, "
+                                                 "freed)",
+                                                 16 * 2048 * 2048}
+                              : MemoryPlan::Line{"GEMM probe at start (3 x 2048^2 fp32, freed)",
+                                                 3 * 4 * 2048 * 2048});
   return plan;
 }
 

@@ -47,7 +47,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   bo.ac = models::AcPolicy::from_config(cfg_.activation_checkpoint.mode,
                                         cfg_.activation_checkpoint.selective_ac_option);
-  bo.bytes_per_param = 16;  // weights, gradients and the two AdamW moments
+  // weights, gradients and the two AdamW moments (and the bf16 compute copy)
+  bo.bytes_per_param = 16 + (t.mixed_precision_param == "bfloat16" ? 2 : 0);
   bo.allocate = false;
   bo.log_overrides = false;
   const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
@@ -257,10 +258,22 @@ void Trainer::train() {
     return;
   }
   log::info("CPU: " + cpu::describe() + ", " + std::to_string(cpu::num_threads()) + " threads");
+  const bool bf16 = t.mixed_precision_param == "bfloat16";
+  if (bf16)
+    log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
+                          "weights, gradients and optimizer state; ") +
+              (ops::bf16_gemm_native()
+                   ? "oneDNN bf16 matmul"
+                   : "converting path (this CPU has no AVX512-BF16/AMX: bf16 values widened to "
+                     "fp32, same numerics, fp32 speed)") +
+              ", oneDNN picks " + ops::gemm_isa(true));
+  else
+    log::info("Precision: float32 throughout; oneDNN picks " + ops::gemm_isa(false));
   double peak = cfg_.metrics.peak_flops;
   if (peak <= 0) {
-    peak = ops::gemm_probe_flops();
-    log::info("Peak FLOPS measured with a 2048^3 fp32 oneDNN GEMM");
+    peak = bf16 ? ops::gemm_probe_flops_bf16() : ops::gemm_probe_flops();
+    log::info(std::string("Peak FLOPS measured with a 2048^3 ") + (bf16 ? "bf16" : "fp32") +
+              " oneDNN GEMM");
   }
   char buf[256];
   std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);

@@ -43,9 +43,9 @@ struct Result {
   int64_t saved_bytes = 0;
 };
 
-Result run(const Qwen3Args& a, AcPolicy ac) {
+Result run(const Qwen3Args& a, AcPolicy ac, DType compute) {
   const int64_t B = 2, S = 12;
-  Qwen3Model m(a, B, S, 8, {}, {}, true, ac);
+  Qwen3Model m(a, B, S, 8, {}, {}, true, ac, compute);
   m.init_weights(7, 0.1f);
   std::mt19937 rng(3);
   std::vector<int32_t> in(B * S), lab(B * S), pos(B * S);
@@ -68,14 +68,14 @@ Result run(const Qwen3Args& a, AcPolicy ac) {
   return r;
 }
 
-void expect_bitwise_in_every_mode(bool moe) {
+void expect_bitwise_in_every_mode(bool moe, DType compute = DType::F32) {
   const Qwen3Args a = tiny(moe);
-  const Result none = run(a, {});
+  const Result none = run(a, {}, compute);
   for (AcPolicy ac :
        {AcPolicy::from_config("full", "2"), AcPolicy::from_config("selective", "2"),
         AcPolicy::from_config("selective", "3"), AcPolicy::from_config("selective", "op")}) {
     SCOPED_TRACE(ac.describe());
-    const Result r = run(a, ac);
+    const Result r = run(a, ac, compute);
     EXPECT_EQ(std::memcmp(&r.loss, &none.loss, sizeof(double)), 0) << r.loss << " " << none.loss;
     EXPECT_EQ(std::memcmp(&r.aux, &none.aux, sizeof(double)), 0);
     ASSERT_EQ(r.grads.size(), none.grads.size());
@@ -89,6 +89,13 @@ TEST(ActivationCheckpoint, DenseBitwiseIdenticalInEveryMode) {
   expect_bitwise_in_every_mode(false);
 }
 TEST(ActivationCheckpoint, MoeBitwiseIdenticalInEveryMode) { expect_bitwise_in_every_mode(true); }
+// bf16 mixed precision: the recomputation rounds the same fp32 values to bf16 again.
+TEST(ActivationCheckpoint, DenseBf16BitwiseIdenticalInEveryMode) {
+  expect_bitwise_in_every_mode(false, DType::BF16);
+}
+TEST(ActivationCheckpoint, MoeBf16BitwiseIdenticalInEveryMode) {
+  expect_bitwise_in_every_mode(true, DType::BF16);
+}
 
 TEST(ActivationCheckpoint, FullKeepsOnlyEachBlocksInput) {
   const Qwen3Args a = tiny(false);

@@ -33,9 +33,10 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
                        std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
-                       models::AcPolicy ac)
+                       models::AcPolicy ac, DType compute)
     : a_(args),
-      be_(ops::backend("cpu", "float32")),
+      be_(ops::backend("cpu", dtype_op_name(compute))),
+      bf16_(compute == DType::BF16),
       max_tokens_(max_batch * max_seq),
       max_batch_(max_batch),
       max_seq_(max_seq),
@@ -104,6 +105,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     add_param("lm_head.weight", {V, D}, L + 1, &off);
   }
   num_params_ = off;
+  wb_base_ = bf16_ && !a_.tie_embeddings ? V * D : 0;  // an untied embedding is only looked up
 
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
@@ -114,7 +116,8 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   const int64_t n_moe = static_cast<int64_t>(load_.size());
   if (n_moe > 0) {
     if (experts_ops_.empty())
-      experts_ops_.assign(static_cast<size_t>(L), ops::grouped_experts_op());
+      experts_ops_.assign(static_cast<size_t>(L),
+                          bf16_ ? ops::grouped_experts_bf16_op() : ops::grouped_experts_op());
     check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
     if (allocate) expert_bias_.resize(n_moe * E);
     aux_dp_.assign(static_cast<size_t>(E), 0.0f);
@@ -130,15 +133,24 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
   params_buf_.resize(num_params_);
   grads_buf_.resize(num_params_);
+  if (bf16_) wb_.resize(num_params_ - wb_base_);
   int64_t bytes[2] = {0, 0};  // saved, work
   for (const auto& t : sizes_) bytes[t.saved ? 0 : 1] += t.aligned_bytes();
   acts_.reserve_bytes(bytes[0]);
   work_.reserve_bytes(bytes[1]);
   for (size_t i = 0; i < sizes_.size(); ++i) {
     Arena& arena = sizes_[i].saved ? acts_ : work_;
-    *slots[i] = sizes_[i].dtype == DType::I32
-                    ? static_cast<void*>(arena.take_as<int32_t>(sizes_[i].numel()))
-                    : static_cast<void*>(arena.take_as<float>(sizes_[i].numel()));
+    const int64_t n = sizes_[i].numel();
+    switch (sizes_[i].dtype) {
+      case DType::I32:
+        *slots[i] = arena.take_as<int32_t>(n);
+        break;
+      case DType::BF16:
+        *slots[i] = arena.take_as<uint16_t>(n);
+        break;
+      default:
+        *slots[i] = arena.take_as<float>(n);
+    }
   }
   // Blocks under activation checkpointing read what they recompute from the shared set.
   for (int64_t l = 0; l < L; ++l) {
@@ -168,8 +180,10 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
   auto add = [&](const std::string& name, int64_t layer, bool saved, std::vector<int64_t> shape,
                  auto** dst) {
     using T0 = std::remove_pointer_t<std::remove_pointer_t<decltype(dst)>>;
-    sizes_.push_back({name, layer, saved, std::is_same_v<T0, int32_t> ? DType::I32 : DType::F32,
-                      std::move(shape)});
+    const DType dt = std::is_same_v<T0, int32_t>    ? DType::I32
+                     : std::is_same_v<T0, uint16_t> ? DType::BF16
+                                                    : DType::F32;
+    sizes_.push_back({name, layer, saved, dt, std::move(shape)});
     slots->push_back(reinterpret_cast<void**>(dst));
   };
   // Saved per layer (the forward's outputs the backward reads). Under activation checkpointing
@@ -262,7 +276,13 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
                 ops::rmsnorm_bwd_scratch({T, Hq, d, QKV, Q}))},
       &norm_scratch_);
   add("attention.delta", -1, false, {T, Hq}, &delta_);
-  add("loss.scratch", -1, false, {ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)}, &loss_scratch_);
+  add("loss.scratch", -1, false,
+      {bf16_ ? ops::lm_head_ce_bf16_scratch(T, V, D, loss_chunk_rows_)
+             : ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)},
+      &loss_scratch_);
+  if (bf16_)  // the bf16 operands of the widest projection's backward: M·(in + out)
+    add("linear.bf16_operands", -1, false,
+        {T * std::max({D + QKV, Q + D, D + 2 * F, F + D, D + E})}, &lin_scratch_);
   if (!load_.empty()) {
     int64_t experts_scratch = 0;  // the largest any layer's experts op asks for
     for (int64_t l = 0; l < L; ++l)
@@ -276,6 +296,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std) {
+  copy_stale_ = true;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
     if (p.alias) continue;
@@ -287,6 +308,22 @@ void Qwen3Model::init_weights(uint64_t seed, float std) {
       fill_normal(w, p.numel, 0.0f, std, seed, i);
     }
   }
+}
+
+void Qwen3Model::linear(const float* x, int64_t w, float* y, int64_t M, int64_t in, int64_t out) {
+  if (bf16_)
+    be_.linear_fwd_bf16(x, weight_bf16(w), y, M, in, out, lin_scratch_);
+  else
+    be_.linear_fwd(x, params_buf_.data() + w, y, M, in, out);
+}
+
+void Qwen3Model::linear_back(const float* dy, const float* x, int64_t w, float* dx, int64_t M,
+                             int64_t in, int64_t out) {
+  float* dw = grads_buf_.data() + w;
+  if (bf16_)
+    be_.linear_bwd_bf16(dy, x, weight_bf16(w), dx, dw, M, in, out, false, lin_scratch_);
+  else
+    be_.linear_bwd(dy, x, params_buf_.data() + w, dx, dw, M, in, out, false);
 }
 
 ops::LossSum Qwen3Model::forward_backward(const Batch& b, float grad_scale, float aux_weight) {
@@ -312,21 +349,21 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
   be_.rmsnorm_fwd(rows, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
-  be_.linear_fwd(s.xn1, P + w.wqkv, s.qkv, T, D, QKV);
+  linear(s.xn1, w.wqkv, s.qkv, T, D, QKV);
   be_.rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
   be_.rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
   call_rope(l, true, s.qr, b, Hq, Q);
   call_rope(l, true, s.kr, b, Hkv, KV);
   be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
-  be_.linear_fwd(s.o, P + w.wo, tmp_, T, Q, D);
+  linear(s.o, w.wo, tmp_, T, Q, D);
   be_.add(s.x, tmp_, s.hmid, T * D);
   be_.rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
   if (w.moe >= 0) {
     moe_forward(l, T, tmp_, count);
   } else {
-    be_.linear_fwd(s.xn2, P + w.w13, s.ab, T, D, 2 * F);
+    linear(s.xn2, w.w13, s.ab, T, D, 2 * F);
     be_.swiglu_fwd(s.ab, s.g, T, F);
-    be_.linear_fwd(s.g, P + w.w2, tmp_, T, F, D);
+    linear(s.g, w.w2, tmp_, T, F, D);
   }
   be_.add(s.hmid, tmp_, out, T * D);
 }
@@ -368,14 +405,14 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
     moe_backward(l, T, dx_, dxn_);
   } else {
     // out = hmid + w2·swiglu(w13·norm(hmid))
-    be_.linear_bwd(dx_, s.g, P + w.w2, dg_, G + w.w2, T, F, D, /*dx_accumulate=*/false);
+    linear_back(dx_, s.g, w.w2, dg_, T, F, D);
     be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
-    be_.linear_bwd(dab_, s.xn2, P + w.w13, dxn_, G + w.w13, T, D, 2 * F, /*dx_accumulate=*/false);
+    linear_back(dab_, s.xn2, w.w13, dxn_, T, D, 2 * F);
   }
   be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm, norm_scratch_);
   be_.add_inplace(dx_, tmp_, T * D);
   // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
-  be_.linear_bwd(dx_, s.o, P + w.wo, do_, G + w.wo, T, Q, D, /*dx_accumulate=*/false);
+  linear_back(dx_, s.o, w.wo, do_, T, Q, D);
   be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
                     dqkv_ + Q + KV, delta_, attn_scratch_);
   call_rope(l, false, dq_, b, Hq, Q);
@@ -383,7 +420,7 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
   be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
                   norm_scratch_);
-  be_.linear_bwd(dqkv_, s.xn1, P + w.wqkv, dxn_, G + w.wqkv, T, D, QKV, /*dx_accumulate=*/false);
+  linear_back(dqkv_, s.xn1, w.wqkv, dxn_, T, D, QKV);
   be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, G + w.attention_norm,
                   norm_scratch_);
   be_.add_inplace(dx_, tmp_, T * D);
@@ -404,6 +441,10 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   const int64_t T = b.B * b.S, D = a_.dim, V = a_.vocab_size;
   const float eps = a_.norm_eps;
   float* P = params_buf_.data();
+  if (bf16_ && copy_stale_) {  // the compute copy of weights that changed
+    be_.to_bf16(P + wb_base_, num_params_ - wb_base_, wb_.data());
+    copy_stale_ = false;
+  }
   float* G = grads_buf_.data();
   const ops::NormRows rows{T, 1, D, D, D};
   be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
@@ -423,12 +464,17 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   if (aux) aux_finish(T, backward, aux_weight);
   be_.rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
   if (logits_out) {
-    be_.linear_fwd(xf_, P + lm_head_, logits_out, T, D, V);
+    linear(xf_, lm_head_, logits_out, T, D, V);
     return {};
   }
-  ops::LossSum loss = be_.lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V, loss_chunk_rows_,
-                                     backward ? grad_scale : 0.0f, backward ? dxn_ : nullptr,
-                                     backward ? G + lm_head_ : nullptr, loss_scratch_);
+  const float gs = backward ? grad_scale : 0.0f;
+  float* dh = backward ? dxn_ : nullptr;
+  float* dw = backward ? G + lm_head_ : nullptr;
+  const ops::LossSum loss = bf16_
+                                ? be_.lm_head_ce_bf16(xf_, weight_bf16(lm_head_), b.labels, T, D, V,
+                                                      loss_chunk_rows_, gs, dh, dw, loss_scratch_)
+                                : be_.lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V,
+                                                 loss_chunk_rows_, gs, dh, dw, loss_scratch_);
   if (!backward) return loss;
 
   // ---------------- backward (dx_ = dL/d(residual stream) flowing down)
@@ -487,6 +533,11 @@ ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, int64_t T) {
   ea.w1 = P + w.ew1;
   ea.w3 = P + w.ew3;
   ea.w2 = P + w.ew2;
+  if (bf16_) {
+    ea.w1_bf16 = weight_bf16(w.ew1);
+    ea.w3_bf16 = weight_bf16(w.ew3);
+    ea.w2_bf16 = weight_bf16(w.ew2);
+  }
   ea.saved = s.experts;
   ea.scratch = experts_scratch_;
   return ea;
@@ -607,6 +658,7 @@ double Qwen3Model::flops_per_token(int64_t seq_len) const {
 std::vector<models::HfTensor> Qwen3Model::hf_tensors() const { return qwen3::hf_tensors(*this); }
 
 void Qwen3Model::load_hf(const TensorSource& src, const std::string& where) {
+  copy_stale_ = true;
   load_hf_weights(*this, src, where);
 }
 

@@ -12,8 +12,18 @@
 // Inside a layer, wq|wk|wv and w1|w3 are adjacent so each pair runs as one GEMM. Sharding a block
 // or keeping a bf16 copy is a matter of the offsets in params().
 //
-// Kernels are called through the backend table of ("cpu", "float32") (ops/backend.h); the RoPE and
-// grouped-experts kernels are the registered ops chosen per layer.
+// Kernels are called through the backend table of ("cpu", compute dtype) (ops/backend.h); the
+// RoPE and grouped-experts kernels are the registered ops chosen per layer.
+//
+// Precision. compute = F32: everything fp32. compute = BF16 (torchtitan's
+// mixed_precision_param = "bfloat16"): the master weights, gradients and every activation stay
+// fp32; a bf16 copy of the weights (all but an untied token embedding, which is only looked up)
+// is made before the first forward after the weights change (param_data() for writing,
+// init_weights, load_hf); every GEMM of the attention and feed-forward projections, the experts
+// and the lm_head rounds its activation operand to bf16 and multiplies with that copy, with fp32
+// accumulation (torch.autocast's bf16 Linear). RMSNorm, RoPE, attention (fp32 tiles), the router
+// (its gate GEMM included, as torchtitan runs it under fp32 autocast), softmax and the loss stay
+// fp32.
 //
 // Activations for one microbatch of up to max_batch × max_seq tokens are allocated at
 // construction; forward_backward() allocates nothing.
@@ -23,6 +33,7 @@
 #include <vector>
 
 #include "titan/core/buffer.h"
+#include "titan/core/dtype.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/ops/backend.h"
@@ -41,18 +52,24 @@ class Qwen3Model final : public models::Model {
   // rope_ops: the RoPE kernel pair of each layer (from the module tree and its overrides);
   // empty means the built-in cos/sin RoPE everywhere.
   // experts_ops: the grouped-experts kernel pair of each layer (entries of dense layers are
-  // unused); empty means the built-in grouped_experts op in every MoE layer.
+  // unused); empty means the built-in grouped_experts op (of the compute dtype) in every MoE
+  // layer.
   // allocate = false makes a plan-only model: params() and activation_table() without storage
   // (nothing else may be called on it).
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
              std::vector<ops::RopeOp> rope_ops = {},
              std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
-             models::AcPolicy ac = {});
+             models::AcPolicy ac = {}, DType compute = DType::F32);
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
   int64_t num_params() const override { return num_params_; }  // unique parameters
-  float* param_data() override { return params_buf_.data(); }
+  int64_t compute_copy_bytes() const override { return bf16_ ? 2 * (num_params_ - wb_base_) : 0; }
+  // The writable master weights; in bf16 the compute copy is remade before the next forward.
+  float* param_data() override {
+    copy_stale_ = true;
+    return params_buf_.data();
+  }
   const float* param_data() const override { return params_buf_.data(); }
   float* grad_data() override { return grads_buf_.data(); }
   int64_t vocab_size() const override { return a_.vocab_size; }
@@ -128,13 +145,24 @@ class Qwen3Model final : public models::Model {
   void recompute_cheap(int64_t l, const Batch& b);
   ops::LossSum run(const Batch& b, float grad_scale, float aux_weight, bool backward,
                    float* logits_out = nullptr);
+  // A projection y[M,out] = x·Wᵀ with the weight at parameter offset w, in the compute precision;
+  // and its backward (dW at the same offset of the gradients accumulates).
+  void linear(const float* x, int64_t w, float* y, int64_t M, int64_t in, int64_t out);
+  void linear_back(const float* dy, const float* x, int64_t w, float* dx, int64_t M, int64_t in,
+                   int64_t out);
+  const uint16_t* weight_bf16(int64_t offset) const { return wb_.data() + (offset - wb_base_); }
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
   // Fills sizes_ (the size table) and, per entry, the member pointer it is carved into.
   void declare_tensors(std::vector<void**>* slots);
 
   Qwen3Args a_;
-  const ops::Backend& be_;  // the kernels (cpu/float32)
+  const ops::Backend& be_;           // the kernels (cpu/float32 or cpu/bfloat16)
+  bool bf16_ = false;                // mixed precision: GEMMs on the bf16 weight copy
+  Buffer<uint16_t> wb_;              // the bf16 copy of parameters [wb_base_, num_params_)
+  int64_t wb_base_ = 0;              // an untied embedding (the parameters before it) has no copy
+  bool copy_stale_ = true;           // the master weights changed since wb_ was made
+  uint16_t* lin_scratch_ = nullptr;  // bf16 GEMM operands of linear / linear_back
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
   int64_t num_params_ = 0;
@@ -155,8 +183,8 @@ class Qwen3Model final : public models::Model {
   float *dw_route_ = nullptr, *dlogits_ = nullptr, *experts_scratch_ = nullptr;
   std::vector<models::TensorSize> sizes_;  // the size table
   Arena acts_;                             // saved activations, all layers
-  std::vector<Saved> saved_;  // per layer views into acts_ (or recompute_)
-  Saved recompute_{};         // activation checkpointing: the recomputed tensors, in work_
+  std::vector<Saved> saved_;               // per layer views into acts_ (or recompute_)
+  Saved recompute_{};  // activation checkpointing: the recomputed tensors, in work_
   float *h_final_, *xf_, *rstd_f_;
   Arena work_;  // temporaries reused by every layer
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "titan/core/error.h"
+#include "titan/core/log.h"
 
 namespace titan::qwen3 {
 
@@ -72,7 +73,8 @@ std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a,
 }
 
 std::vector<ops::GroupedExpertsOp> experts_plan(config::ModuleNode& root, const Qwen3Args& a,
-                                                int64_t tokens, const plugin::Registry& reg) {
+                                                int64_t tokens, DType compute, bool log,
+                                                const plugin::Registry& reg) {
   std::vector<ops::GroupedExpertsOp> plan;
   if (!a.is_moe()) return plan;
   std::set<std::string> checked;
@@ -86,7 +88,14 @@ std::vector<ops::GroupedExpertsOp> experts_plan(config::ModuleNode& root, const 
     auto op = n->fields.find("op");
     check(op != n->fields.end() && !op->second.empty(),
           "model." + path + " (" + n->type + ") names no op");
-    plan.back() = reg.op<ops::GroupedExpertsOp>(op->second);
+    std::string dtype = dtype_op_name(compute);
+    if (!reg.ops().has(ops::GroupedExpertsOp::kKind, op->second, "cpu", dtype)) {
+      if (log && checked.count(op->second) == 0)
+        log::warn("experts op '" + op->second + "' has no cpu/" + dtype +
+                  " kernel; its cpu/float32 kernel runs on the fp32 master weights");
+      dtype = "float32";
+    }
+    plan.back() = reg.op<ops::GroupedExpertsOp>(op->second, "cpu", dtype);
     if (plan.back().check && checked.insert(op->second).second) plan.back().check(shape);
   }
   return plan;

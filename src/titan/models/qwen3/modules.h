@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "titan/config/module_tree.h"
+#include "titan/core/dtype.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/rope_op.h"
@@ -29,10 +30,12 @@ std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a,
                                    const plugin::Registry& reg = plugin::Registry::global());
 
 // The grouped-experts op of every layer (empty entries for dense layers; an empty vector for a
-// dense model), from each experts node's "op" field; runs each op's check once on the layer
-// shape for `tokens` tokens per microbatch.
+// dense model), from each experts node's "op" field, registered for cpu/<compute dtype>; runs
+// each op's check once on the layer shape for `tokens` tokens per microbatch. An op with no
+// bfloat16 kernel runs its float32 one on the fp32 master weights in a bf16 run (logged once per
+// op when `log`).
 std::vector<ops::GroupedExpertsOp> experts_plan(
-    config::ModuleNode& root, const Qwen3Args& a, int64_t tokens,
-    const plugin::Registry& reg = plugin::Registry::global());
+    config::ModuleNode& root, const Qwen3Args& a, int64_t tokens, DType compute = DType::F32,
+    bool log = false, const plugin::Registry& reg = plugin::Registry::global());
 
 }  // namespace titan::qwen3

@@ -126,9 +126,11 @@ models::ModelSpec model_spec() {
     const Qwen3Args a = args_from_config(c);
     if (o.bytes_per_param > 0)  // 0: titan plan, which reports rather than refuses
       check_fits_in_memory(a, o.bytes_per_param, cpu::total_memory_bytes(), model_source(c));
+    const DType compute = c.training.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32;
     return std::make_unique<Qwen3Model>(
         a, o.batch, o.seq_len, o.loss_chunks, rope_plan(tree, a, o.seq_len),
-        experts_plan(tree, a, o.batch * o.seq_len), o.allocate, o.ac);
+        experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides), o.allocate, o.ac,
+        compute);
   };
   return s;
 }

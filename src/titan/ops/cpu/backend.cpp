@@ -1,5 +1,5 @@
-// The CPU fp32 backend: the kernels of ops/cpu/ (whose contracts are the op headers) and host
-// memory.
+// The CPU backends (fp32, and bf16 mixed precision): the kernels of ops/cpu/ (whose contracts are
+// the op headers) and host memory.
 #include "titan/ops/backend.h"
 
 #include <cstdlib>
@@ -54,6 +54,16 @@ Backend cpu_backend() {
   b.count_experts = ops::count_experts;
   b.router_aux_stats = ops::router_aux_stats;
   b.expert_bias_update = ops::expert_bias_update;
+  return b;
+}
+
+Backend cpu_bf16_backend() {
+  Backend b = cpu_backend();
+  b.dtype = "bfloat16";
+  b.to_bf16 = ops::to_bf16;
+  b.linear_fwd_bf16 = ops::linear_fwd_bf16;
+  b.linear_bwd_bf16 = ops::linear_bwd_bf16;
+  b.lm_head_ce_bf16 = ops::lm_head_ce_bf16;
   return b;
 }
 

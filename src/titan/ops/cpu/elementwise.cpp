@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -199,5 +200,31 @@ void add(const float* a, const float* b, float* out, int64_t n) {
 }
 
 void add_inplace(float* y, const float* x, int64_t n) { add(y, x, y, n); }
+
+namespace {
+// Round to nearest even on the bit pattern (the compiler vectorizes the select); a NaN stays a
+// quiet NaN with its sign, as core/dtype.h's f32_to.
+TITAN_CLONES void to_bf16_row(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    y[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+}  // namespace
+
+void to_bf16(const float* x, int64_t n, uint16_t* y) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) {
+    to_bf16_row(x, y, n);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kChunk;
+    to_bf16_row(x + i0, y + i0, std::min(kChunk, n - i0));
+  }
+}
 
 }  // namespace titan::ops

@@ -25,6 +25,9 @@
 //   dW1[e]    += dh_e[:, :F]ᵀ·xp_e,  dW3[e] += dh_e[:, F:]ᵀ·xp_e
 //   dx[t]      Σ_j dxp[pos(t,j)] in slot order.
 //
+// The bf16 op ("grouped_experts" under dtype bfloat16) runs the same steps with each GEMM's
+// activation operand (xp, g, du, gw, dh) rounded to bf16 and the bf16 weight copies.
+//
 // "grouped_experts_reference": per (token, slot) the expert MLP in double, no oneDNN; for tests
 // and titan check-kernel.
 #include <omp.h>
@@ -110,6 +113,43 @@ int64_t grouped_scratch_floats(const ExpertsShape& s) {
   return 2 * round16(N * s.D) + 2 * round16(N * s.F) + round16(N * 2 * s.F);
 }
 
+// The bf16 op adds bf16 copies of the GEMMs' activation operands after the fp32 scratch:
+// forward xp [N·D] | g [N·F]; backward xp [N·D] | du [N·D] | gw [N·F] | dh [N·2F] (in bf16
+// values, each part a multiple of 32).
+int64_t grouped_bf16_scratch_floats(const ExpertsShape& s) {
+  const int64_t N = s.T * s.K;
+  return grouped_scratch_floats(s) + (2 * round16(2 * N * s.D) + 3 * round16(2 * N * s.F)) / 2;
+}
+
+struct Bf16Parts {
+  uint16_t *xp = nullptr, *du = nullptr, *g = nullptr, *dh = nullptr;  // g: g (fwd) or gw (bwd)
+};
+Bf16Parts bf16_parts(const ExpertsShape& s, float* scratch) {
+  const int64_t N = s.T * s.K;
+  Bf16Parts p;
+  p.xp = reinterpret_cast<uint16_t*>(scratch + grouped_scratch_floats(s));
+  p.du = p.xp + round16(2 * N * s.D);
+  p.g = p.du + round16(2 * N * s.D);
+  p.dh = p.g + round16(2 * N * s.F);
+  return p;
+}
+
+// One expert GEMM (gemm_rows semantics): C = op(A)·op(B) with the fp32 operands, or with their
+// bf16 copies (ab, bb) in the bf16 op.
+void expert_gemm(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a,
+                 const uint16_t* ab, int64_t lda, const float* b, const uint16_t* bb, int64_t ldb,
+                 float* c, int64_t ldc, bool acc) {
+  if (bf16)
+    gemm_rows_bf16(ta, tb, M, N, K, ab, lda, bb, ldb, c, ldc, acc);
+  else
+    gemm_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, acc);
+}
+// p + i, or null for a null p (the bf16 copies are null in the fp32 op).
+template <typename T>
+T* at(T* p, int64_t i) {
+  return p ? p + i : nullptr;
+}
+
 // Counting sort of the (t, j) pairs by expert, stable in token order: off[E+1] (exclusive
 // prefix sum of the counts) and pos[t·K + j], the permuted row of pair (t, j).
 void route(const ExpertsShape& s, const int32_t* idx, int32_t* off, int32_t* pos) {
@@ -129,7 +169,7 @@ void scatter_rows(const ExpertsShape& s, const int32_t* pos, const float* x, flo
     for (int64_t j = 0; j < K; ++j) std::copy_n(x + t * D, D, xp + pos[t * K + j] * D);
 }
 
-void grouped_forward(const ExpertsArgs& a, float* y) {
+void grouped_forward_any(const ExpertsArgs& a, float* y, bool bf16) {
   const ExpertsShape& s = a.s;
   check_shape(s);
   if (s.T == 0) return;
@@ -140,20 +180,24 @@ void grouped_forward(const ExpertsArgs& a, float* y) {
   float* xp = a.scratch;
   float* yp = xp + round16(N * D);
   float* g = yp + round16(N * D);
+  const Bf16Parts b = bf16 ? bf16_parts(s, a.scratch) : Bf16Parts{};
   scatter_rows(s, sv.pos, a.x, xp);
+  if (bf16) to_bf16(xp, N * D, b.xp);
   for (int64_t e = 0; e < s.E; ++e) {
     const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
     if (n == 0) continue;
-    gemm_rows(false, true, n, F, D, xp + o * D, D, a.w1 + e * F * D, D, sv.h + o * 2 * F, 2 * F,
-              false);
-    gemm_rows(false, true, n, F, D, xp + o * D, D, a.w3 + e * F * D, D, sv.h + o * 2 * F + F, 2 * F,
-              false);
+    expert_gemm(bf16, false, true, n, F, D, xp + o * D, at(b.xp, o * D), D, a.w1 + e * F * D,
+                at(a.w1_bf16, e * F * D), D, sv.h + o * 2 * F, 2 * F, false);
+    expert_gemm(bf16, false, true, n, F, D, xp + o * D, at(b.xp, o * D), D, a.w3 + e * F * D,
+                at(a.w3_bf16, e * F * D), D, sv.h + o * 2 * F + F, 2 * F, false);
   }
   swiglu_fwd(sv.h, g, N, F);
+  if (bf16) to_bf16(g, N * F, b.g);
   for (int64_t e = 0; e < s.E; ++e) {
     const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
     if (n == 0) continue;
-    gemm_rows(false, true, n, D, F, g + o * F, F, a.w2 + e * D * F, F, yp + o * D, D, false);
+    expert_gemm(bf16, false, true, n, D, F, g + o * F, at(b.g, o * F), F, a.w2 + e * D * F,
+                at(a.w2_bf16, e * D * F), F, yp + o * D, D, false);
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t) {
@@ -163,8 +207,8 @@ void grouped_forward(const ExpertsArgs& a, float* y) {
   }
 }
 
-// Backward of grouped_forward (same arguments; reads the h and permutation it saved).
-void grouped_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
+// Backward of grouped_forward_any (same arguments; reads the h and permutation it saved).
+void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf16) {
   const ExpertsShape& s = a.s;
   check_shape(s);
   if (s.T == 0) return;
@@ -175,13 +219,16 @@ void grouped_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
   float* g = du + round16(N * D);   // later gw
   float* dg = g + round16(N * F);
   float* dh = dg + round16(N * F);
+  const Bf16Parts b = bf16 ? bf16_parts(s, a.scratch) : Bf16Parts{};
   scatter_rows(s, sv.pos, a.x, xp);
   scatter_rows(s, sv.pos, gr.dy, du);
+  if (bf16) to_bf16(du, N * D, b.du);
   swiglu_fwd(sv.h, g, N, F);
   for (int64_t e = 0; e < s.E; ++e) {
     const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
     if (n == 0) continue;
-    gemm_rows(false, false, n, F, D, du + o * D, D, a.w2 + e * D * F, F, dg + o * F, F, false);
+    expert_gemm(bf16, false, false, n, F, D, du + o * D, at(b.du, o * D), D, a.w2 + e * D * F,
+                at(a.w2_bf16, e * D * F), F, dg + o * F, F, false);
   }
   // dw[t,j] = dy[t]·yp[pos] = (dy[t]·W2[e])·g[pos]; then weight the rows of dg and g.
 #pragma omp parallel for schedule(static)
@@ -193,21 +240,34 @@ void grouped_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
       row_scale_inplace(dg + p * F, wt, F);
       row_scale_inplace(g + p * F, wt, F);
     }
+  if (bf16) to_bf16(g, N * F, b.g);
   for (int64_t e = 0; e < s.E; ++e) {
     const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
     if (n == 0) continue;
-    gemm_rows(true, false, D, F, n, du + o * D, D, g + o * F, F, gr.dw2 + e * D * F, F, true);
+    expert_gemm(bf16, true, false, D, F, n, du + o * D, at(b.du, o * D), D, g + o * F,
+                at(b.g, o * F), F, gr.dw2 + e * D * F, F, true);
   }
   swiglu_bwd(dg, sv.h, dh, N, F);
+  if (bf16) {
+    to_bf16(dh, N * 2 * F, b.dh);
+    to_bf16(xp, N * D, b.xp);
+  }
   float* dxp = du;
   for (int64_t e = 0; e < s.E; ++e) {
     const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
     if (n == 0) continue;
-    const float* dha = dh + o * 2 * F;  // ∂/∂(W1·x), columns [0,F); ∂/∂(W3·x) at + F
-    gemm_rows(false, false, n, D, F, dha, 2 * F, a.w1 + e * F * D, D, dxp + o * D, D, false);
-    gemm_rows(false, false, n, D, F, dha + F, 2 * F, a.w3 + e * F * D, D, dxp + o * D, D, true);
-    gemm_rows(true, false, F, D, n, dha, 2 * F, xp + o * D, D, gr.dw1 + e * F * D, D, true);
-    gemm_rows(true, false, F, D, n, dha + F, 2 * F, xp + o * D, D, gr.dw3 + e * F * D, D, true);
+    // ∂/∂(W1·x) in columns [0,F) of dh, ∂/∂(W3·x) at + F
+    const float* dha = dh + o * 2 * F;
+    const uint16_t* dhb = at(b.dh, o * 2 * F);
+    const uint16_t* xpb = at(b.xp, o * D);
+    expert_gemm(bf16, false, false, n, D, F, dha, dhb, 2 * F, a.w1 + e * F * D,
+                at(a.w1_bf16, e * F * D), D, dxp + o * D, D, false);
+    expert_gemm(bf16, false, false, n, D, F, dha + F, at(dhb, F), 2 * F, a.w3 + e * F * D,
+                at(a.w3_bf16, e * F * D), D, dxp + o * D, D, true);
+    expert_gemm(bf16, true, false, F, D, n, dha, dhb, 2 * F, xp + o * D, xpb, D, gr.dw1 + e * F * D,
+                D, true);
+    expert_gemm(bf16, true, false, F, D, n, dha + F, at(dhb, F), 2 * F, xp + o * D, xpb, D,
+                gr.dw3 + e * F * D, D, true);
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t) {
@@ -365,9 +425,30 @@ GroupedExpertsOp grouped_experts_op() {
   op.dtype = "float32";
   op.saved_floats = grouped_saved_floats;
   op.scratch_floats = grouped_scratch_floats;
-  op.forward = grouped_forward;
-  op.backward = grouped_backward;
+  op.forward = [](const ExpertsArgs& a, float* y) { grouped_forward_any(a, y, false); };
+  op.backward = [](const ExpertsArgs& a, const ExpertsGrads& g) {
+    grouped_backward_any(a, g, false);
+  };
   op.check = check_shape;
+  return op;
+}
+
+GroupedExpertsOp grouped_experts_bf16_op() {
+  GroupedExpertsOp op = grouped_experts_op();
+  op.dtype = "bfloat16";
+  op.scratch_floats = grouped_bf16_scratch_floats;
+  auto need_copies = [](const ExpertsArgs& a) {
+    check(a.w1_bf16 && a.w3_bf16 && a.w2_bf16,
+          "grouped_experts (bfloat16) needs the bf16 weight copies (ExpertsArgs::w*_bf16)");
+  };
+  op.forward = [need_copies](const ExpertsArgs& a, float* y) {
+    need_copies(a);
+    grouped_forward_any(a, y, true);
+  };
+  op.backward = [need_copies](const ExpertsArgs& a, const ExpertsGrads& g) {
+    need_copies(a);
+    grouped_backward_any(a, g, true);
+  };
   return op;
 }
 

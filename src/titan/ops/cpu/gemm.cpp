@@ -10,6 +10,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "titan/core/buffer.h"
 #include "titan/core/dtype.h"
+#include "titan/ops/elementwise.h"
 
 namespace titan::ops {
 namespace {
@@ -27,7 +28,8 @@ struct Entry {
 };
 
 // gemm_rows: M and K are runtime dimensions, so the key leaves them out.
-using RowsKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool>;
+// (trans_a, trans_b, N, lda, ldb, ldc, accumulate, bf16 inputs)
+using RowsKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 struct RowsEntry {
   dnnl::matmul prim;
@@ -99,10 +101,11 @@ struct Mds {
   memory::desc a, b, c;
 };
 Mds make_mds(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-             int64_t ldc) {
+             int64_t ldc, bool bf16) {
   const auto f32 = memory::data_type::f32;
-  return {memory::desc({M, K}, f32, ta ? memory::dims{1, lda} : memory::dims{lda, 1}),
-          memory::desc({K, N}, f32, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1}),
+  const auto in = bf16 ? memory::data_type::bf16 : f32;
+  return {memory::desc({M, K}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1}),
+          memory::desc({K, N}, in, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1}),
           memory::desc({M, N}, f32, memory::dims{ldc, 1})};
 }
 
@@ -110,8 +113,9 @@ RowsEntry& lookup_rows(const RowsKey& key) {
   Context& c = ctx();
   auto it = c.rows_cache.find(key);
   if (it != c.rows_cache.end()) return *it->second;
-  auto [ta, tb, N, lda, ldb, ldc, acc] = key;
-  const Mds md = make_mds(ta, tb, DNNL_RUNTIME_DIM_VAL, N, DNNL_RUNTIME_DIM_VAL, lda, ldb, ldc);
+  auto [ta, tb, N, lda, ldb, ldc, acc, bf16] = key;
+  const Mds md =
+      make_mds(ta, tb, DNNL_RUNTIME_DIM_VAL, N, DNNL_RUNTIME_DIM_VAL, lda, ldb, ldc, bf16);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (acc) {
@@ -134,25 +138,34 @@ RowsEntry& lookup_rows(const RowsKey& key) {
 
 }  // namespace
 
-void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-               int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+namespace {
+// gemm_rows and gemm_rows_bf16 (A, B: fp32 or bf16 as `bf16` says).
+void gemm_rows_any(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
+                   int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
+                   bool bf16) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     if (!accumulate)
       for (int64_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
     return;
   }
-  RowsEntry& e = lookup_rows(RowsKey{trans_a, trans_b, N, lda, ldb, ldc, accumulate});
+  RowsEntry& e = lookup_rows(RowsKey{trans_a, trans_b, N, lda, ldb, ldc, accumulate, bf16});
   // At execution the memory objects carry the actual M and K (oneDNN requires fully defined
   // descriptors there); creating them wraps the user pointers and allocates nothing.
-  const Mds md = make_mds(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  const Mds md = make_mds(trans_a, trans_b, M, N, K, lda, ldb, ldc, bf16);
   const dnnl::engine& eng = ctx().engine;
-  memory a(md.a, eng, const_cast<float*>(A)), b(md.b, eng, const_cast<float*>(B)), c(md.c, eng, C);
+  memory a(md.a, eng, const_cast<void*>(A)), b(md.b, eng, const_cast<void*>(B)), c(md.c, eng, C);
   e.prim.execute(ctx().stream, {{DNNL_ARG_SRC, a},
                                 {DNNL_ARG_WEIGHTS, b},
                                 {DNNL_ARG_DST, c},
                                 {DNNL_ARG_SCRATCHPAD, e.scratch}});
   ctx().stream.wait();
+}
+}  // namespace
+
+void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_rows_any(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, false);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -227,6 +240,34 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   e.c.set_data_handle(C);
   e.prim.execute(ctx().stream, e.args);
   ctx().stream.wait();
+}
+
+void gemm_rows_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                    int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
+                    bool accumulate) {
+  if (!bf16_gemm_native()) {
+    gemm_bf16_converting(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  gemm_rows_any(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, true);
+}
+
+void linear_fwd_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t in,
+                     int64_t out, uint16_t* scratch) {
+  to_bf16(x, M * in, scratch);
+  gemm_bf16(false, true, M, out, in, scratch, in, w, in, y, out, false);
+}
+
+void linear_bwd_bf16(const float* dy, const float* x, const uint16_t* w, float* dx, float* dw,
+                     int64_t M, int64_t in, int64_t out, bool dx_accumulate, uint16_t* scratch) {
+  uint16_t* dyb = scratch;
+  to_bf16(dy, M * out, dyb);
+  if (dx) gemm_bf16(false, false, M, in, out, dyb, out, w, in, dx, in, dx_accumulate);
+  if (dw) {
+    uint16_t* xb = scratch + M * out;
+    to_bf16(x, M * in, xb);
+    gemm_bf16(true, false, out, in, M, dyb, out, xb, in, dw, in, true);
+  }
 }
 
 std::string gemm_isa(bool bf16) {
