@@ -1,5 +1,6 @@
-// Training-step throughput of titan's Qwen3 on this CPU, stated against the fp32 GEMM roofline
-// measured in the same process. One iteration = forward + backward + grad norm + AdamW of one
+// Training-step throughput of titan's Qwen3 on this CPU, stated against the GEMM roofline of the
+// precision used (fp32, or bf16 for the *_bf16 cases: bf16 mixed precision) measured in the same
+// process. One iteration = forward + backward + grad norm + AdamW of one
 // microbatch. Counters: tokens/s, achieved TFLOP/s (torchtitan's FLOPs formula), MFU against
 // the measured GEMM peak, and roofline_ratio = achieved / GEMM peak.
 //
@@ -26,11 +27,13 @@
 
 namespace {
 
-double g_peak = 0;  // fp32 GEMM FLOP/s measured at start
+double g_peak = 0, g_peak_bf16 = 0;  // fp32 and bf16 GEMM FLOP/s measured at start
+using titan::DType;
 
 void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64_t batch,
-                    int64_t seq, titan::models::AcPolicy ac = {}) {
-  titan::qwen3::Qwen3Model m(args, batch, seq, 8, {}, {}, true, ac);
+                    int64_t seq, titan::models::AcPolicy ac = {}, DType compute = DType::F32) {
+  titan::qwen3::Qwen3Model m(args, batch, seq, 8, {}, {}, true, ac, compute);
+  const double peak = compute == DType::BF16 ? g_peak_bf16 : g_peak;
   m.init_weights(0);
   const int64_t T = batch * seq;
   std::vector<int32_t> input(T), labels(T), positions(T);
@@ -60,8 +63,8 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
   state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
   state.counters["TFLOP/s"] = benchmark::Counter(tokens * fpt / 1e12, benchmark::Counter::kIsRate);
   state.counters["MFU_pct"] =
-      benchmark::Counter(tokens * fpt * 100.0 / g_peak, benchmark::Counter::kIsRate);
-  state.counters["gemm_peak_TFLOP/s"] = g_peak / 1e12;
+      benchmark::Counter(tokens * fpt * 100.0 / peak, benchmark::Counter::kIsRate);
+  state.counters["gemm_peak_TFLOP/s"] = peak / 1e12;
   state.counters["last_loss"] = loss;
   double saved = 0;  // the size table's saved activations, GiB
   for (const auto& t : m.activation_table()) saved += t.saved ? t.aligned_bytes() : 0;
@@ -102,6 +105,24 @@ void BM_qwen3_0_6B_2layer_s512(benchmark::State& s) {
 }
 void BM_qwen3_0_6B_2layer_s2048(benchmark::State& s) {
   run_step_bench(s, with_layers("0.6B", 2), 1, 2048);
+}
+// bf16 mixed precision (training.mixed_precision_param = bfloat16), MFU against the bf16 probe.
+void BM_debugmodel_b4_s256_bf16(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel"), 4, 256, {}, DType::BF16);
+}
+void BM_debugmodel_b4_s256_ac_full_bf16(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel"), 4, 256,
+                 titan::models::AcPolicy::from_config("full", "2"), DType::BF16);
+}
+void BM_debugmodel_b4_s256_ac_op_bf16(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel"), 4, 256,
+                 titan::models::AcPolicy::from_config("selective", "op"), DType::BF16);
+}
+void BM_debugmodel_moe_b4_s256_bf16(benchmark::State& s) {
+  run_step_bench(s, titan::qwen3::flavor("debugmodel_moe"), 4, 256, {}, DType::BF16);
+}
+void BM_qwen3_0_6B_2layer_s2048_bf16(benchmark::State& s) {
+  run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16);
 }
 
 // The GEMM roofline itself, as a benchmark row: fp32 n×n×n oneDNN matmul.
@@ -149,6 +170,23 @@ BENCHMARK(BM_debugmodel_moe_b4_s256)->Unit(benchmark::kMillisecond)->MinTime(5.0
 BENCHMARK(BM_debugmodel_b1_s2048)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s512)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s2048)->Unit(benchmark::kMillisecond)->Iterations(2)->UseRealTime();
+BENCHMARK(BM_debugmodel_b4_s256_bf16)->Unit(benchmark::kMillisecond)->MinTime(5.0)->UseRealTime();
+BENCHMARK(BM_debugmodel_b4_s256_ac_full_bf16)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(5.0)
+    ->UseRealTime();
+BENCHMARK(BM_debugmodel_b4_s256_ac_op_bf16)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(5.0)
+    ->UseRealTime();
+BENCHMARK(BM_debugmodel_moe_b4_s256_bf16)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(5.0)
+    ->UseRealTime();
+BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
 
 // Loading a Hugging Face checkpoint (TITAN_BENCH_HF_DIR, e.g. a random 0.6B bf16 model from
 // tools/make_random_hf_model.py): mmap, validate, convert to fp32 into the model's buffer.
@@ -172,8 +210,12 @@ int main(int argc, char** argv) {
         ->Iterations(3)
         ->UseRealTime();
   g_peak = titan::ops::gemm_probe_flops();
-  std::printf("CPU: %s, %d threads; fp32 GEMM roofline (2048^3 oneDNN): %.1f GFLOP/s\n",
-              titan::cpu::describe().c_str(), titan::cpu::num_threads(), g_peak / 1e9);
+  g_peak_bf16 = titan::ops::gemm_probe_flops_bf16();
+  std::printf(
+      "CPU: %s, %d threads; GEMM roofline (2048^3 oneDNN): fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s "
+      "(%s)\n",
+      titan::cpu::describe().c_str(), titan::cpu::num_threads(), g_peak / 1e9, g_peak_bf16 / 1e9,
+      titan::ops::bf16_gemm_native() ? "native bf16" : "converting path");
   std::printf("oneDNN GEMM implementations (2048^3): fp32 %s, bf16 %s\n",
               titan::ops::gemm_isa(false).c_str(), titan::ops::gemm_isa(true).c_str());
   benchmark::Initialize(&argc, argv);

@@ -6,11 +6,16 @@ CPU, SDPA attention, no KV cache) and times full training steps:
 forward with labels (HF's shifted cross-entropy) -> backward ->
 clip_grad_norm_(1.0) -> AdamW step -> zero_grad.
 
+With --dtype bfloat16 the forward and loss run under torch.autocast("cpu", dtype=torch.bfloat16)
+(PyTorch's bf16 mixed precision over fp32 weights, what torchtitan uses on one device) and the
+roofline is a bf16 matmul.
+
 Run inside the venv made by tools/setup_venv.sh:
     .venv/bin/python tools/bench_torch.py --preset debugmodel --batch 4 --seq 256
+    .venv/bin/python tools/bench_torch.py --preset debugmodel --batch 4 --seq 256 --dtype bfloat16
 
 stdout: exactly one JSON line with keys preset, batch, seq, threads,
-torch_version, transformers_version, step_s, tokens_per_s, tflops, gemm_flops,
+torch_version, transformers_version, dtype, step_s, tokens_per_s, tflops, gemm_flops,
 flops_per_token. Human-readable progress (incl. the first step's loss, which
 should be close to ln(vocab)) goes to stderr.
 """
@@ -93,10 +98,10 @@ def flops_per_token(model, cfg, seq):
     return 6 * n + attn, n
 
 
-def gemm_roofline(n=2048, trials=3):
-    """fp32 torch.matmul of n x n matrices: best of `trials` after warm-up, FLOP/s."""
-    a = torch.randn(n, n, dtype=torch.float32)
-    b = torch.randn(n, n, dtype=torch.float32)
+def gemm_roofline(n=2048, trials=3, dtype=torch.float32):
+    """torch.matmul of n x n matrices in dtype: best of `trials` after warm-up, FLOP/s."""
+    a = torch.randn(n, n, dtype=torch.float32).to(dtype)
+    b = torch.randn(n, n, dtype=torch.float32).to(dtype)
     for _ in range(2):
         torch.matmul(a, b)
     best = float("inf")
@@ -117,7 +122,10 @@ def main():
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (default: all usable cores)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="bfloat16: forward and loss under torch.autocast (bf16 mixed precision)")
     args = ap.parse_args()
+    amp = args.dtype == "bfloat16"
     if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq < 2:
         ap.error("need --steps >= 1, --warmup >= 0, --batch >= 1, --seq >= 2")
 
@@ -137,7 +145,8 @@ def main():
 
     def step():
         ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen)
-        out = model(input_ids=ids, labels=ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -162,8 +171,8 @@ def main():
     step_s = statistics.median(times)
     tokens_per_s = args.batch * args.seq / step_s
     tflops = fpt * tokens_per_s / 1e12
-    gemm = gemm_roofline()
-    log(f"fp32 GEMM 2048^3 roofline: {gemm / 1e9:.1f} GFLOP/s; "
+    gemm = gemm_roofline(dtype=torch.bfloat16 if amp else torch.float32)
+    log(f"{'bf16' if amp else 'fp32'} GEMM 2048^3 roofline: {gemm / 1e9:.1f} GFLOP/s; "
         f"training achieves {100 * tflops * 1e12 / gemm:.1f}% of it")
 
     print(json.dumps({
@@ -173,6 +182,7 @@ def main():
         "threads": threads,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
+        "dtype": args.dtype,
         "step_s": round(step_s, 6),
         "tokens_per_s": round(tokens_per_s, 3),
         "tflops": round(tflops, 6),

@@ -236,7 +236,13 @@ double fd_at(Problem& p, int kind, int64_t t, int64_t head, int64_t idx) {
   return (lp - lm) / (2 * eps);
 }
 
-void run_case(const AttnCase& c, uint32_t seed) {
+// bf16 = true runs attention_fwd_bf16 / attention_bwd_bf16 (bf16 GEMM inputs, fp32 softmax and
+// accumulation) against the same double reference at the bf16 level: each product's operands are
+// rounded with relative error at most u = 2^-8, which moves scores (|q·k|·scale ~ a few here) by a
+// few u and probabilities by as much; tolerance 2e-2 of each tensor's scale (measured errors are
+// recorded as test properties). No finite differences: the reference's own gradients are checked
+// against them in the fp32 case.
+void run_case(const AttnCase& c, uint32_t seed, bool bf16 = false) {
   Problem p = make_problem(c, seed);
   const AttnShape& s = p.s;
   const int64_t T = s.B * s.S, d = s.d, ldo = s.Hq * d;
@@ -249,9 +255,12 @@ void run_case(const AttnCase& c, uint32_t seed) {
   const float* q = p.x.data() + p.qo;
   const float* k = p.x.data() + p.ko;
   const float* v = p.x.data() + p.vo;
-  std::vector<float> scratch(attention_workspace(s));
+  const auto fwd = bf16 ? attention_fwd_bf16 : attention_fwd;
+  const auto bwd = bf16 ? attention_bwd_bf16 : attention_bwd;
+  const double rtol = bf16 ? 0 : kRtol, atol = bf16 ? 2e-2 : kAtol;
+  std::vector<float> scratch(bf16 ? attention_bf16_workspace(s) : attention_workspace(s));
   std::vector<float> o(T * ldo, 12345.f), lse(s.B * s.Hq * s.S, 12345.f);
-  attention_fwd(s, q, k, v, seg.data(), o.data(), lse.data(), scratch.data());
+  fwd(s, q, k, v, seg.data(), o.data(), lse.data(), scratch.data());
 
   // Forward vs reference.
   std::vector<double> oref(T * ldo), lref(s.B * s.Hq * s.S), prob;
@@ -260,14 +269,14 @@ void run_case(const AttnCase& c, uint32_t seed) {
       for (int64_t i = 0; i < s.S; ++i)
         lref[(b * s.Hq + h) * s.S + i] =
             ref_row(p, b, h, i, oref.data() + (b * s.S + i) * ldo + h * d, prob);
-  expect_close("o", o, oref, kRtol, kAtol);
-  expect_close("lse", lse, lref, kRtol, kAtol);
+  expect_close("o", o, oref, rtol, atol);
+  expect_close("lse", lse, lref, rtol, atol);
 
   // Backward with dout = r; dk/dv written into a buffer laid out like x (sentinel elsewhere).
   const float sentinel = 777.f;
   std::vector<float> dq(T * ldo, sentinel), dx(p.size, sentinel), delta(s.B * s.Hq * s.S);
-  attention_bwd(s, q, k, v, o.data(), lse.data(), p.r.data(), seg.data(), dq.data(),
-                dx.data() + p.ko, dx.data() + p.vo, delta.data(), scratch.data());
+  bwd(s, q, k, v, o.data(), lse.data(), p.r.data(), seg.data(), dq.data(), dx.data() + p.ko,
+      dx.data() + p.vo, delta.data(), scratch.data());
 
   std::vector<double> dq_ref, dkv_ref;
   ref_backward(p, dq_ref, dkv_ref);
@@ -278,9 +287,9 @@ void run_case(const AttnCase& c, uint32_t seed) {
         k_idx.push_back(p.ki(t, g, col));
         v_idx.push_back(p.vi(t, g, col));
       }
-  expect_close("dq (analytic ref)", dq, dq_ref, kRtol, kAtol);
-  expect_close("dk (analytic ref)", dx.data(), dkv_ref.data(), k_idx, kRtol, kAtol);
-  expect_close("dv (analytic ref)", dx.data(), dkv_ref.data(), v_idx, kRtol, kAtol);
+  expect_close("dq (analytic ref)", dq, dq_ref, rtol, atol);
+  expect_close("dk (analytic ref)", dx.data(), dkv_ref.data(), k_idx, rtol, atol);
+  expect_close("dv (analytic ref)", dx.data(), dkv_ref.data(), v_idx, rtol, atol);
   // Nothing outside dk/dv is written: q's part of the buffer and the padding keep the sentinel.
   std::vector<char> is_kv(p.size, 0);
   for (int64_t i : k_idx) is_kv[i] = 1;
@@ -289,6 +298,7 @@ void run_case(const AttnCase& c, uint32_t seed) {
     if (!is_kv[i]) {
       ASSERT_EQ(dx[i], sentinel) << "attention_bwd wrote outside dk/dv at " << i;
     }
+  if (bf16) return;
 
   // Finite differences at sampled elements: tokens at tile edges and document boundaries in both
   // rows, plus random ones; random head and column.
@@ -351,6 +361,10 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchReference) {
   run_case(GetParam(), 100 + static_cast<uint32_t>(GetParam().S + GetParam().d));
 }
 
+TEST_P(AttentionTest, Bf16MatchesReferenceToBf16Rounding) {
+  run_case(GetParam(), 100 + static_cast<uint32_t>(GetParam().S + GetParam().d), true);
+}
+
 AttnCase causal(int64_t S, int64_t Hq, int64_t Hkv, int64_t d, bool fused) {
   return {2, S, Hq, Hkv, d, false, fused, {}, {}};
 }
@@ -388,7 +402,10 @@ INSTANTIATE_TEST_SUITE_P(
         block(5, 4, 1, 32, false, {0, 2, 3}, {4}, 1),
         // head_dim not a multiple of the micro-kernel's 32/8-wide column blocks (the scalar
         // column tail), and a GQA ratio of 3.
-        block(67, 2, 1, 20, false, {0, 31, 64}, {10}, 4), causal(67, 6, 2, 40, true)),
+        block(67, 2, 1, 20, false, {0, 31, 64}, {10}, 4), causal(67, 6, 2, 40, true),
+        // Past the bf16 kernel's 128-query blocks: three blocks, a document across the edge at
+        // 128 and one starting at 256.
+        block(300, 2, 1, 32, false, {0, 100, 256}, {0, 129}, 3)),
     case_name);
 
 }  // namespace

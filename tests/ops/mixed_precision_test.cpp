@@ -100,8 +100,7 @@ TEST(MixedPrecision, LmHeadCrossEntropyAcrossChunks) {
   std::vector<int32_t> labels(T);
   for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreIndex : (t * 7) % V;
   const std::vector<uint16_t> wb = bf16_of(w);
-  std::vector<float> scratch(lm_head_ce_bf16_scratch(T, V, D, chunk)), dh(T * D),
-      dw(V * D, 0.f);
+  std::vector<float> scratch(lm_head_ce_bf16_scratch(T, V, D, chunk)), dh(T * D), dw(V * D, 0.f);
   const float scale = 1.0f / 23.0f;
   const LossSum ls = lm_head_ce_bf16(h.data(), wb.data(), labels.data(), T, D, V, chunk, scale,
                                      dh.data(), dw.data(), scratch.data());

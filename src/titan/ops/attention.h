@@ -39,4 +39,17 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
                    const float* o, const float* lse, const float* dout, const int32_t* seg_start,
                    float* dq, float* dk, float* dv, float* delta, float* workspace);
 
+// bf16 mixed precision (ops/cpu/attention_bf16.cpp): the same contract, with every product of
+// the attention a bf16 GEMM with fp32 accumulation (q, k, v, dout, the probabilities and dS
+// rounded to bf16 for them); scores, softmax, lse and the softmax backward in fp32. The
+// workspace holds bf16 copies of q, k, v, dout and one [128, S] block of scores: see
+// attention_bf16_workspace.
+int64_t attention_bf16_workspace(const AttnShape& s);
+void attention_fwd_bf16(const AttnShape& s, const float* q, const float* k, const float* v,
+                        const int32_t* seg_start, float* o, float* lse, float* workspace);
+void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, const float* v,
+                        const float* o, const float* lse, const float* dout,
+                        const int32_t* seg_start, float* dq, float* dk, float* dv, float* delta,
+                        float* workspace);
+
 }  // namespace titan::ops

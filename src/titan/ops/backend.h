@@ -84,8 +84,9 @@ std::vector<std::string> registered_backends();
 
 // The CPU fp32 kernels (ops/cpu/). Registered as a built-in by builtin_backends().
 Backend cpu_backend();
-// cpu_backend() with the mixed-precision members, under dtype "bfloat16" (oneDNN bf16 matmul
-// where the CPU has AVX512-BF16 or AMX, the converting path otherwise; see gemm.h).
+// cpu_backend() with the mixed-precision members and attention_fwd/bwd = attention_*_bf16
+// (workspace: attention_bf16_workspace), under dtype "bfloat16" (oneDNN bf16 matmul where the CPU
+// has AVX512-BF16 or AMX, the converting path otherwise; see gemm.h).
 Backend cpu_bf16_backend();
 
 // The backends titan has built in (src/titan/builtins.cpp, the one place that lists them),

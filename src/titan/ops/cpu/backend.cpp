@@ -64,6 +64,8 @@ Backend cpu_bf16_backend() {
   b.linear_fwd_bf16 = ops::linear_fwd_bf16;
   b.linear_bwd_bf16 = ops::linear_bwd_bf16;
   b.lm_head_ce_bf16 = ops::lm_head_ce_bf16;
+  b.attention_fwd = ops::attention_fwd_bf16;  // bf16 products, fp32 softmax
+  b.attention_bwd = ops::attention_bwd_bf16;
   return b;
 }
 
