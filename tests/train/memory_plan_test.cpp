@@ -1,5 +1,7 @@
 // The memory plan against the process's measured peak RSS: within 10% for the real configured
-// shapes (debugmodel 4x256, debugmodel_moe 2x128), and titan train refuses a plan that cannot fit.
+// shapes (debugmodel 4x256 in bf16 and fp32, with and without full AC; debugmodel_moe 2x128; a
+// 2-layer model of Qwen3-0.6B's widths at 1x2048 in bf16 with full AC), and titan train refuses a
+// plan that cannot fit.
 #include "titan/train/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -35,6 +37,32 @@ void expect_plan_matches_peak(config::JobConfig c) {
 TEST(MemoryPlan, DebugModelWithinTenPercentOfPeakRss) {
   config::register_builtin_configs();
   expect_plan_matches_peak(config::make_config("qwen3_debugmodel"));
+}
+
+TEST(MemoryPlan, DebugModelFp32FullAcWithinTenPercentOfPeakRss) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel");
+  c.training.mixed_precision_param = "float32";
+  c.activation_checkpoint.mode = "full";
+  expect_plan_matches_peak(c);
+}
+
+TEST(MemoryPlan, DebugModelBf16FullAcWithinTenPercentOfPeakRss) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel");
+  c.activation_checkpoint.mode = "full";
+  expect_plan_matches_peak(c);
+}
+
+TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_0_6b");
+  c.model.n_layers = 2;
+  c.training.local_batch_size = 1;
+  c.training.seq_len = 2048;
+  c.activation_checkpoint.mode = "full";
+  c.validator.enable = false;
+  expect_plan_matches_peak(c);
 }
 
 TEST(MemoryPlan, DebugMoeWithinTenPercentOfPeakRss) {

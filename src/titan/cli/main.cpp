@@ -15,6 +15,7 @@
 #include "titan/core/log.h"
 #include "titan/data/token_shard.h"
 #include "titan/data/tokenizer.h"
+#include "titan/dist/communicator.h"
 #include "titan/models/registry.h"
 #include "titan/plugin/registry.h"
 #include "titan/train/check_kernel.h"
@@ -238,13 +239,26 @@ int run(std::vector<std::string> args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under mpirun every rank runs this; an error on any rank ends the whole job (abort_job), so no
+  // rank is left waiting in a collective. Without mpirun MPI is never initialized.
+  int world = 1;
+  std::string who;  // " (rank R of N)" in multi-rank runs
+  auto fail = [&](const char* kind, const char* what, int code) {
+    std::fprintf(stderr, "titan: %s%s: %s\n", kind, who.c_str(), what);
+    std::fflush(stderr);
+    if (world > 1) titan::dist::abort_job(code);
+    return code;
+  };
   try {
+    titan::dist::Communicator& w = titan::dist::world();
+    world = w.size();
+    if (world > 1)
+      who = " (rank " + std::to_string(w.rank()) + " of " + std::to_string(world) + ")";
+    titan::log::set_rank(w.rank(), world);
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const titan::Error& e) {
-    std::fprintf(stderr, "titan: error: %s\n", e.what());
-    return 1;
+    return fail("error", e.what(), 1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "titan: internal error: %s\n", e.what());
-    return 3;
+    return fail("internal error", e.what(), 3);
   }
 }

@@ -95,6 +95,18 @@ struct ActivationCheckpointConfig {
   std::string selective_ac_option = "2";
 };
 
+// torchtitan's parallelism.* (the product of the degrees, with data_parallel_shard_degree -1
+// standing for the rest, must equal the number of ranks; dist/parallel_dims.h).
+struct ParallelismConfig {
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;
+  int64_t tensor_parallel_degree = 1;
+  int64_t expert_parallel_degree = 1;
+  int64_t context_parallel_degree = 1;
+  int64_t pipeline_parallel_degree = 1;
+  std::string fsdp_reshard_after_forward = "default";  // default | always | never
+};
+
 struct LossConfig {
   int64_t num_chunks = 8;  // lm_head + cross-entropy chunks per microbatch
 };
@@ -151,6 +163,7 @@ struct JobConfig {
   DataLoaderConfig dataloader;
   LossConfig loss;
   ActivationCheckpointConfig activation_checkpoint;
+  ParallelismConfig parallelism;
   CheckpointConfig checkpoint;
   EvalConfig eval;
   ValidatorConfig validator;

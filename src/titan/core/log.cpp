@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <string>
 
 namespace titan::log {
 namespace {
 bool g_color = isatty(STDOUT_FILENO) != 0;
+int g_rank = 0, g_world = 1;
 
 void emit(const char* level, const std::string& msg) {
   auto now = std::chrono::system_clock::now();
@@ -24,8 +26,16 @@ void emit(const char* level, const std::string& msg) {
 }
 }  // namespace
 
-void info(const std::string& msg) { emit("INFO", msg); }
-void warn(const std::string& msg) { emit("WARNING", msg); }
+void info(const std::string& msg) {
+  if (g_rank == 0) emit("INFO", msg);
+}
+void warn(const std::string& msg) {
+  emit("WARNING", g_world > 1 ? "[rank " + std::to_string(g_rank) + "] " + msg : msg);
+}
+void set_rank(int rank, int world) {
+  g_rank = rank;
+  g_world = world;
+}
 void set_color(bool enabled) { g_color = enabled && isatty(STDOUT_FILENO) != 0; }
 bool color() { return g_color; }
 

@@ -9,6 +9,9 @@ void warn(const std::string& msg);
 // Colors on the console (torchtitan's metrics colors); off when stdout is not a TTY or when
 // disabled.
 void set_color(bool enabled);
+// Multi-rank runs (set once at start): info lines come from rank 0 only; warnings from every rank,
+// prefixed "[rank R]".
+void set_rank(int rank, int world);
 bool color();
 
 }  // namespace titan::log

@@ -70,7 +70,8 @@ struct AcPolicy {
 // Tokens routed to each expert of one MoE layer since the last finish_step().
 struct ExpertLoad {
   int64_t layer = 0;
-  const std::vector<double>* tokens = nullptr;  // [experts]
+  // [experts]; the trainer sums them over data-parallel ranks in place before finish_step()
+  std::vector<double>* tokens = nullptr;
 };
 
 // One entry of a model's size table (llm.c's activation table): an activation saved for the

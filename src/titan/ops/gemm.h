@@ -87,6 +87,7 @@ namespace titan::ops {
 // Measures fp32 GEMM throughput (FLOP/s) of oneDNN on this machine with n×n×n products, best of
 // `reps`: the roofline that MFU and the benchmarks are stated against.
 double gemm_probe_flops(int64_t n = 2048, int reps = 3);
-// The same probe for gemm_bf16 (bf16 inputs, fp32 output and accumulation).
-double gemm_probe_flops_bf16(int64_t n = 2048, int reps = 3);
+// The same probe for gemm_bf16 (bf16 inputs, fp32 output and accumulation); more repetitions,
+// as the AMX/AVX512-BF16 rate varies more from call to call (frequency) than the fp32 one.
+double gemm_probe_flops_bf16(int64_t n = 2048, int reps = 10);
 }  // namespace titan::ops

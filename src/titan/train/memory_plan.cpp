@@ -46,10 +46,13 @@ MemoryPlan plan_memory(const config::JobConfig& cfg) {
   o.allocate = false;
   o.log_overrides = false;  // the build that follows logs them
   o.bytes_per_param = 0;    // the plan reports what does not fit
-  return plan_memory(cfg, *models::build_model(cfg, o));
+  // A layout given by its degrees (titan plan runs in one process): the shard degree as given,
+  // -1 (the ranks left over) counting as 1.
+  return plan_memory(cfg, *models::build_model(cfg, o),
+                     std::max<int64_t>(1, cfg.parallelism.data_parallel_shard_degree));
 }
 
-MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
+MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int64_t dp_shard) {
   const auto& t = cfg.training;
   const int64_t p = m.num_params() * static_cast<int64_t>(sizeof(float));
   int64_t saved = 0, work = 0, n_saved = 0;
@@ -69,7 +72,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       {"parameters (fp32 master)", p},
       {"gradients (fp32)", p},
-      {"optimizer state (AdamW exp_avg, exp_avg_sq; fp32)", 2 * p},
+      {dp_shard > 1
+           ? "optimizer state (AdamW; fp32; this rank's 1/" + std::to_string(dp_shard) + " shard)"
+           : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
+       2 * ((p + dp_shard - 1) / dp_shard)},
       {"saved activations (" + std::to_string(n_saved) + " tensors, AC " +
            models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
                                          cfg.activation_checkpoint.selective_ac_option)
@@ -79,6 +85,11 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m) {
       {"workspaces (shared by the layers)", work},
       {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };
+  if (dp_shard > 1) {
+    plan.lines.push_back({"reduced gradient shard (fp32)", (p + dp_shard - 1) / dp_shard});
+    if (cfg.checkpoint.enable)  // the save gathers the whole optimizer state on every rank
+      plan.lines.push_back({"checkpoint save: gathered AdamW state (freed)", 2 * p});
+  }
   if (bf16) {
     plan.lines.insert(plan.lines.begin() + 4,
                       {"bf16 compute copy of the weights", m.compute_copy_bytes()});

@@ -26,7 +26,10 @@ struct MemoryPlan {
 // false) or, in the first form, one built here. Counts the GEMM probe that runs at start when
 // metrics.peak_flops is 0, and the process's resident memory now (code, libraries, data).
 MemoryPlan plan_memory(const config::JobConfig& cfg);
-MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& plan_model);
+// dp_shard: the FSDP shard degree of the layout (AdamW state and the reduced gradient are held
+// for 1/dp_shard of the parameters per rank).
+MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& plan_model,
+                       int64_t dp_shard = 1);
 
 // Throws titan::Error (one line: the plan's total, the machine's memory, what to change) when the
 // plan exceeds the machine's memory.

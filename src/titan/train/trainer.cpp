@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "titan/core/cpu.h"
@@ -36,6 +37,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   ckpt::check_dump_folder(cfg_);
   config::validate(cfg_);
   models::validate_model_config(cfg_);
+  dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
+  mesh_ = dist::make_meshes(dims_, dist::world());
   const auto& t = cfg_.training;
   // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
   // first a plan-only model (parameter list and size table, no storage) for the vocabulary and
@@ -52,7 +55,11 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.allocate = false;
   bo.log_overrides = false;
   const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
-  const int64_t dp = 1;  // data-parallel degree (single process for now)
+  const int64_t dp = dims_.batch();  // data-parallel degree: ranks reading different data
+  check(dp == 1 || !shape->aux_loss_coef(),
+        "model.router_aux_loss with data parallelism is not implemented yet (Transformers' "
+        "auxiliary loss pools router statistics over the whole batch); train without it "
+        "(torchtitan's load_balance_coeff works) or in one process");
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
   check(global % (t.local_batch_size * dp) == 0,
         "training.global_batch_size must be a multiple of local_batch_size × data-parallel degree");
@@ -78,20 +85,44 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   lo.seq_len = t.seq_len;
   lo.shuffle = cfg_.dataloader.shuffle;
   lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
+  lo.dp_rank = mesh_.batch_rank;
+  lo.dp_world = dp;
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
 
   // The memory plan, before anything large is allocated: refuse what cannot fit.
-  const MemoryPlan plan = plan_memory(cfg_, *shape);
+  const MemoryPlan plan = plan_memory(cfg_, *shape, dims_.dp_shard);
   check_fits(plan);
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
   bo.allocate = bo.log_overrides = true;
   model_ = models::build_model(cfg_, bo);
 
-  m_.resize(model_->num_params());
-  v_.resize(model_->num_params());
+  // This rank's shard of the flat parameters (FSDP: blocks of ceil(n / dp_shard); with one shard,
+  // everything) and its AdamW state.
+  const int64_t n = model_->num_params(), block = (n + dims_.dp_shard - 1) / dims_.dp_shard;
+  for (int64_t r = 0; r < dims_.dp_shard; ++r)
+    shard_counts_.push_back(std::clamp<int64_t>(n - r * block, 0, block));
+  shard_off_ = std::min(n, mesh_.fsdp_rank * block);
+  shard_len_ = shard_counts_[static_cast<size_t>(mesh_.fsdp_rank)];
+  m_.resize(shard_len_);
+  v_.resize(shard_len_);
+  if (dims_.sharded()) grad_shard_.resize(shard_len_);
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
-  if (auto st = checkpointer_->load(*model_, m_.data(), v_.data())) {
+  std::optional<ckpt::TrainState> loaded;
+  if (!dims_.sharded()) {
+    loaded = checkpointer_->load(*model_, m_.data(), v_.data());
+  } else {  // checkpoints hold the whole optimizer state: load it, keep this rank's shard
+    Buffer<float> m(n), v(n);
+    loaded = checkpointer_->load(*model_, m.data(), v.data());
+    std::copy_n(m.data() + shard_off_, shard_len_, m_.data());
+    std::copy_n(v.data() + shard_off_, shard_len_, v_.data());
+  }
+  if (dims_.batch() > 1)
+    log::info("Data parallelism: " + dims_.describe() + " over " +
+              std::to_string(dist::world().size()) + " ranks (" + dist::world().backend() +
+              "); this rank's AdamW state: " + with_commas(shard_len_) + " of " + with_commas(n) +
+              " parameters");
+  if (auto& st = loaded) {
     resumed_ = true;
     step_ = st->step;
     tokens_seen_ = st->tokens_seen;
@@ -133,6 +164,7 @@ StepResult Trainer::step() {
   data_time_ = cpu::now_seconds() - t0;
   int64_t valid = 0;
   for (int64_t i = 0; i < grad_accum_ * mb_tokens; ++i) valid += labels_[i] != ops::kIgnoreIndex;
+  mesh_.batch->all_reduce(&valid, 1);  // torchtitan: the global valid-token count, before forward
   r.valid_tokens = valid;
   const float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
 
@@ -145,19 +177,36 @@ StepResult Trainer::step() {
     aux_sum += model_->last_aux_loss();
   }
   test::kill_point("step:backward");
-  tokens_seen_ += grad_accum_ * mb_tokens;
+  mesh_.batch->all_reduce(&loss_sum, 1);
+  tokens_seen_ += grad_accum_ * mb_tokens * dims_.batch();
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
   if (const auto coef = model_->aux_loss_coef()) {
     r.aux_loss = aux_sum / static_cast<double>(grad_accum_);
     r.loss += *coef * r.aux_loss;
   }
-  for (const auto& load : model_->expert_load())
+  for (const auto& load : model_->expert_load()) {
+    mesh_.batch->all_reduce(load.tokens->data(), static_cast<int64_t>(load.tokens->size()));
     r.expert_load.push_back({load.layer,
                              *std::min_element(load.tokens->begin(), load.tokens->end()),
                              *std::max_element(load.tokens->begin(), load.tokens->end())});
+  }
+  reduce_and_update(r);
+  return r;
+}
 
-  const int64_t n = model_->num_params();
-  r.grad_norm = std::sqrt(optim::sum_squares(model_->grad_data(), n));
+void Trainer::reduce_and_update(StepResult& r) {
+  // Gradients: reduce-scatter within the replica's shard group, all-reduce across replicas (DDP:
+  // the shard is everything; one process: both groups are one rank and nothing moves).
+  float* g = model_->grad_data();
+  float* shard_grad = g;
+  if (dims_.sharded()) {
+    mesh_.fsdp->reduce_scatter(g, grad_shard_.data(), shard_counts_);
+    shard_grad = grad_shard_.data();
+  }
+  mesh_.replicate->all_reduce(shard_grad, shard_len_);
+  double sq = optim::sum_squares(shard_grad, shard_len_);
+  mesh_.fsdp->all_reduce(&sq, 1);
+  r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     char msg[256];
     std::snprintf(msg, sizeof msg,
@@ -184,12 +233,13 @@ StepResult Trainer::step() {
       why = "lower optimizer.lr or check the data";
     throw Error(std::string(msg) + ": " + why);
   }
-  optim::clip_by_norm(model_->grad_data(), n, r.grad_norm, t.max_norm);
+  optim::clip_by_norm(shard_grad, shard_len_, r.grad_norm, cfg_.training.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
-  optim::adamw_step(model_->param_data(), model_->grad_data(), m_.data(), v_.data(), n, adamw_,
+  float* params = model_->param_data();
+  optim::adamw_step(params + shard_off_, shard_grad, m_.data(), v_.data(), shard_len_, adamw_,
                     static_cast<float>(r.lr), step_);
-  return r;
+  mesh_.fsdp->all_gather(params, shard_counts_);  // every rank gets the updated parameters
 }
 
 nlohmann::json Trainer::data_settings() const {
@@ -231,8 +281,24 @@ void Trainer::resume_data(const ckpt::TrainState& st) {
               " has no dataloader position; the data order restarts from the first document");
     return;
   }
+  nlohmann::json mine = st.dataloader;  // this rank's position
+  const int64_t dp = dims_.batch();
+  if (mine.is_object() && mine.contains("dp_ranks")) {
+    const nlohmann::json& all = mine["dp_ranks"];
+    if (!all.is_array() || static_cast<int64_t>(all.size()) != dp) {
+      log::warn(st.path + " was saved by " + std::to_string(all.size()) +
+                " data-parallel ranks, this run has " + std::to_string(dp) +
+                "; the data order restarts from the first document");
+      return;
+    }
+    mine = all[static_cast<size_t>(mesh_.batch_rank)];
+  } else if (dp > 1) {
+    log::warn(st.path + " was saved by one process, this run has " + std::to_string(dp) +
+              " data-parallel ranks; the data order restarts from the first document");
+    return;
+  }
   try {
-    loader_->restore(st.dataloader);
+    loader_->restore(mine);
   } catch (const Error& e) {
     throw Error(st.path + ": " + e.what());
   }
@@ -240,13 +306,42 @@ void Trainer::resume_data(const ckpt::TrainState& st) {
 
 void Trainer::maybe_checkpoint() {
   const bool last = step_ == cfg_.training.steps;
-  if (!checkpointer_->due(step_, last)) return;
+  if (!checkpointer_->due(step_, last)) return;  // the same decision on every rank
   ckpt::TrainState st;
   st.step = step_;
   st.tokens_seen = tokens_seen_;
   st.dataloader = loader_->state();
   st.data = data_settings();
-  checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+  if (dims_.batch() == 1) {
+    checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+    return;
+  }
+  // Data parallel: rank 0 writes the whole state (the parameters are whole on every rank; the
+  // optimizer state and every rank's data position are gathered), so any layout can load it.
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < mesh_.batch->size(); ++r) {
+    std::string s = r == mesh_.batch->rank() ? st.dataloader.dump() : "";
+    int64_t len = static_cast<int64_t>(s.size());
+    mesh_.batch->broadcast(&len, sizeof len, r);
+    s.resize(static_cast<size_t>(len));
+    mesh_.batch->broadcast(s.data(), len, r);
+    ranks.push_back(nlohmann::json::parse(s));
+  }
+  st.dataloader = {{"dp_world", dims_.batch()}, {"dp_ranks", ranks}};
+  const int64_t n = model_->num_params();
+  Buffer<float> m, v;
+  if (dims_.sharded()) {
+    m.resize(n);
+    v.resize(n);
+    std::copy_n(m_.data(), shard_len_, m.data() + shard_off_);
+    std::copy_n(v_.data(), shard_len_, v.data() + shard_off_);
+    mesh_.fsdp->all_gather(m.data(), shard_counts_);
+    mesh_.fsdp->all_gather(v.data(), shard_counts_);
+  }
+  if (rank0())
+    checkpointer_->maybe_save(st, last, *model_, dims_.sharded() ? m.data() : m_.data(),
+                              dims_.sharded() ? v.data() : v_.data());
+  dist::world().barrier();  // the step folder is committed before any rank goes on
 }
 
 void Trainer::train() {
@@ -285,7 +380,7 @@ void Trainer::train() {
             " total parameters");
   const int64_t per_rank = t.local_batch_size * t.seq_len;
   log::info("Trainer is initialized with " + with_commas(per_rank) + " tokens per DP rank, " +
-            with_commas(per_rank * grad_accum_) +
+            with_commas(per_rank * grad_accum_ * dims_.batch()) +
             " tokens per train step, gradient accumulation "
             "steps " +
             std::to_string(grad_accum_) + ", maximum context length " + std::to_string(t.seq_len) +
@@ -293,8 +388,9 @@ void Trainer::train() {
             std::to_string(sched_.warmup_steps) + ")");
   log::info("Training starts at step " + std::to_string(step_ + 1));
 
-  MetricsWriter writer(cfg_.metrics.enable_jsonl ? cfg_.dump_folder + "/metrics.jsonl" : "",
-                       log::color(), step_);
+  MetricsWriter writer(
+      cfg_.metrics.enable_jsonl && rank0() ? cfg_.dump_folder + "/metrics.jsonl" : "", log::color(),
+      step_);
   const double flops_per_token = model_->flops_per_token(t.seq_len);
   double last_log = cpu::now_seconds(), data_since_log = 0;
   int64_t tokens_since_log = 0, steps_since_log = 0;
@@ -310,9 +406,10 @@ void Trainer::train() {
       m.loss = r.loss;
       m.grad_norm = r.grad_norm;
       m.lr = r.lr;
-      m.memory_gib = static_cast<double>(cpu::peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0);
-      m.memory_pct = 100.0 * static_cast<double>(cpu::peak_rss_bytes()) /
-                     static_cast<double>(cpu::total_memory_bytes());
+      double peak_rss = static_cast<double>(cpu::peak_rss_bytes());
+      mesh_.batch->all_reduce(&peak_rss, 1, dist::ReduceOp::max);  // the largest rank's
+      m.memory_gib = peak_rss / (1024.0 * 1024.0 * 1024.0);
+      m.memory_pct = 100.0 * peak_rss / static_cast<double>(cpu::total_memory_bytes());
       m.tps = static_cast<double>(tokens_since_log) / dt;
       m.tflops = flops_per_token * m.tps / 1e12;
       m.mfu = 100.0 * flops_per_token * m.tps / peak;

@@ -13,6 +13,7 @@
 #include "titan/config/job_config.h"
 #include "titan/core/buffer.h"
 #include "titan/data/packed_loader.h"
+#include "titan/dist/parallel_dims.h"
 #include "titan/models/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/lr_schedule.h"
@@ -54,12 +55,23 @@ class Trainer {
   // Checks the resumed state's data settings against this run's, restores the loader.
   void resume_data(const ckpt::TrainState& st);
 
+  // Data parallelism: the step's gradient reduction (reduce-scatter within a replica's shards,
+  // all-reduce across replicas), the clipped AdamW update of this rank's shard and the
+  // all-gather of the updated parameters. With one process every group has one rank.
+  void reduce_and_update(StepResult& r);
+  bool rank0() const { return dist::world().rank() == 0; }
+
   config::JobConfig cfg_;
+  dist::ParallelDims dims_;
+  dist::Meshes mesh_;
+  int64_t shard_off_ = 0, shard_len_ = 0;  // this rank's range of the flat parameters
+  std::vector<int64_t> shard_counts_;      // every fsdp rank's shard length
+  Buffer<float> grad_shard_;               // the reduced gradient of this rank's shard
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<data::PackedLoader> loader_;
   std::unique_ptr<Validator> validator_;  // when validator.enable
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
-  Buffer<float> m_, v_;
+  Buffer<float> m_, v_;                         // AdamW state of this rank's shard
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
   optim::AdamWConfig adamw_;
   optim::LRSchedule sched_;

@@ -282,8 +282,8 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
              : ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)},
       &loss_scratch_);
   if (bf16_)  // the bf16 operands of the widest projection's backward: M·(in + out)
-    add("linear.bf16_operands", -1, false,
-        {T * std::max({D + QKV, Q + D, D + 2 * F, F + D, D + E})}, &lin_scratch_);
+    add("linear.bf16_operands", -1, false, {T * std::max({D + QKV, Q + D, D + 2 * F, F + D})},
+        &lin_scratch_);
   if (!load_.empty()) {
     int64_t experts_scratch = 0;  // the largest any layer's experts op asks for
     for (int64_t l = 0; l < L; ++l)
@@ -624,7 +624,9 @@ void Qwen3Model::finish_step() {
 std::vector<models::ExpertLoad> Qwen3Model::expert_load() const {
   std::vector<models::ExpertLoad> out;
   for (int64_t l = 0; l < a_.n_layers; ++l)
-    if (layers_[l].moe >= 0) out.push_back({l, &load_[static_cast<size_t>(layers_[l].moe)]});
+    if (layers_[l].moe >= 0)  // the counts are a statistic the trainer may reduce in place
+      out.push_back(
+          {l, const_cast<std::vector<double>*>(&load_[static_cast<size_t>(layers_[l].moe)])});
   return out;
 }
 
