@@ -163,6 +163,50 @@ INSTANTIATE_TEST_SUITE_P(Models, DataParallel, ::testing::Values(false, true),
                            return i.param ? std::string("Moe") : std::string("Dense");
                          });
 
+// Checkpoints of a data-parallel run hold the whole state (rank 0 writes it, the optimizer state
+// gathered from the shards, every rank's data position): resuming in the same layout continues
+// bitwise as if uninterrupted; another layout (and one process) loads the same weights and
+// optimizer state and trains on (keeping the data positions when it has as many data ranks,
+// else restarting the data order with a warning).
+TEST(DataParallelCheckpoint, ResumesInTheSameLayoutBitwiseAndLoadsInAnother) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_resume");
+  const std::string docs = write_docs(dir);
+  const std::string full = dir + "/full", part = dir + "/part";
+  ShellRun r = sh(mpirun(2) + job(docs, full, false, 4));
+  ASSERT_EQ(r.code, 0) << r.out;
+  // A run of 2 steps (a full checkpoint at step 2), then resumed to step 4 in the same layout.
+  const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
+  r = sh(mpirun(2) + job(docs, part, false, 2) + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(mpirun(2) + job(docs, part, false, 4) + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step:  3"), std::string::npos) << r.out;
+  const auto a = metrics(full), b = metrics(part);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t s = 0; s < 4; ++s) {
+    EXPECT_EQ(a[s]["loss"].get<double>(), b[s]["loss"].get<double>()) << "step " << s + 1;
+    EXPECT_EQ(a[s]["grad_norm"].get<double>(), b[s]["grad_norm"].get<double>());
+  }
+  // The 2-rank checkpoint of step 2 loads into one process and into DDP 2.
+  for (const std::string& launcher : {std::string(), mpirun(2)}) {
+    const std::string other = dir + (launcher.empty() ? "/one" : "/ddp");
+    fs::create_directories(other + "/checkpoint");
+    fs::copy(part + "/checkpoint/step-2", other + "/checkpoint/step-2",
+             fs::copy_options::recursive);
+    r = sh(launcher + job(docs, other, false, 3) +
+           (launcher.empty() ? ""
+                             : " --parallelism.data_parallel_replicate_degree 2"
+                               " --parallelism.data_parallel_shard_degree 1"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    // One process cannot take two ranks' data positions; DDP 2 has the same 2 data ranks.
+    EXPECT_EQ(r.out.find("the data order restarts") != std::string::npos, launcher.empty())
+        << r.out;
+    EXPECT_EQ(metrics(other).size(), 1u);  // step 3 only
+  }
+}
+
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_bad_layout");
