@@ -8,9 +8,10 @@
 // process with N microbatches of accumulation reads d0..d_{N−1} in its first step: the same
 // tokens, split differently.
 //
-// Also: a parallel layout that does not match the ranks, and an error on one rank that must end
-// the whole job (not leave the other rank waiting in a collective). Skipped where mpirun is
-// absent (scripts/install-deps.sh installs OpenMPI).
+// Layouts: DDP 2, FSDP 2 (also over TCP, --mca btl tcp,self, as between machines), FSDP 4 and
+// HSDP 2×2. Also: a parallel layout that does not match the ranks, and an error on one rank that
+// must end the whole job (not leave the other rank waiting in a collective). Skipped where mpirun
+// is absent (scripts/install-deps.sh installs OpenMPI).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,10 +47,10 @@ ShellRun sh(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-std::string mpirun(int np) {
+std::string mpirun(int np, const std::string& extra = "") {
   // One OpenMP thread per rank on this 2-core machine; --oversubscribe for 4 ranks.
   return "timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) +
-         " -x OMP_NUM_THREADS=1 ";
+         " -x OMP_NUM_THREADS=1 " + extra + " ";
 }
 
 // 64 documents of 63 lowercase letters, one per line.
@@ -124,6 +125,7 @@ struct Layout {
   const char* name;
   int np;
   const char* flags;
+  const char* mpirun_flags = "";
 };
 
 class DataParallel : public ::testing::TestWithParam<bool> {};
@@ -138,6 +140,8 @@ TEST_P(DataParallel, MatchesOneProcessOnTheSameGlobalBatch) {
       {"ddp2", 2,
        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"},
       {"fsdp2", 2, ""},  // data_parallel_shard_degree -1: the two ranks
+      // The same over TCP, as between machines (no shared-memory transport).
+      {"fsdp2_tcp", 2, "", "--mca btl tcp,self"},
       {"fsdp4", 4, ""},
       {"hsdp2x2", 4,
        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
@@ -151,9 +155,14 @@ TEST_P(DataParallel, MatchesOneProcessOnTheSameGlobalBatch) {
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
     const std::string dump = dir + "/" + l.name;
-    const ShellRun r = sh(mpirun(l.np) + job(docs, dump, moe, steps) + " " + l.flags);
+    const ShellRun r =
+        sh(mpirun(l.np, l.mpirun_flags) + job(docs, dump, moe, steps) + " " + l.flags);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("Data parallelism: "), std::string::npos) << r.out;
+    // The communicator's count of the bytes sent against the layout's theoretical volume.
+    const size_t at = r.out.find("(ratio ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_NEAR(std::stod(r.out.substr(at + 7)), 1.0, 0.05) << r.out.substr(at - 150, 170);
     expect_same_training(dir + "/one_" + std::to_string(l.np), dump, steps);
   }
 }

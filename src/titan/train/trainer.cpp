@@ -109,6 +109,9 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (dims_.sharded()) grad_shard_.resize(shard_len_);
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
   std::optional<ckpt::TrainState> loaded;
+  // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
+  // ranks read after it.
+  if (!rank0()) dist::world().barrier();
   if (!dims_.sharded()) {
     loaded = checkpointer_->load(*model_, m_.data(), v_.data());
   } else {  // checkpoints hold the whole optimizer state: load it, keep this rank's shard
@@ -117,6 +120,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     std::copy_n(m.data() + shard_off_, shard_len_, m_.data());
     std::copy_n(v.data() + shard_off_, shard_len_, v_.data());
   }
+  if (rank0()) dist::world().barrier();
   if (dims_.batch() > 1)
     log::info("Data parallelism: " + dims_.describe() + " over " +
               std::to_string(dist::world().size()) + " ranks (" + dist::world().backend() +
@@ -197,6 +201,7 @@ StepResult Trainer::step() {
 void Trainer::reduce_and_update(StepResult& r) {
   // Gradients: reduce-scatter within the replica's shard group, all-reduce across replicas (DDP:
   // the shard is everything; one process: both groups are one rank and nothing moves).
+  const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
   float* g = model_->grad_data();
   float* shard_grad = g;
   if (dims_.sharded()) {
@@ -240,6 +245,7 @@ void Trainer::reduce_and_update(StepResult& r) {
   optim::adamw_step(params + shard_off_, shard_grad, m_.data(), v_.data(), shard_len_, adamw_,
                     static_cast<float>(r.lr), step_);
   mesh_.fsdp->all_gather(params, shard_counts_);  // every rank gets the updated parameters
+  step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
 }
 
 nlohmann::json Trainer::data_settings() const {
@@ -330,7 +336,8 @@ void Trainer::maybe_checkpoint() {
   st.dataloader = {{"dp_world", dims_.batch()}, {"dp_ranks", ranks}};
   const int64_t n = model_->num_params();
   Buffer<float> m, v;
-  if (dims_.sharded()) {
+  const bool model_only = last && cfg_.checkpoint.last_save_model_only;
+  if (dims_.sharded() && !model_only) {
     m.resize(n);
     v.resize(n);
     std::copy_n(m_.data(), shard_len_, m.data() + shard_off_);
@@ -339,8 +346,8 @@ void Trainer::maybe_checkpoint() {
     mesh_.fsdp->all_gather(v.data(), shard_counts_);
   }
   if (rank0())
-    checkpointer_->maybe_save(st, last, *model_, dims_.sharded() ? m.data() : m_.data(),
-                              dims_.sharded() ? v.data() : v_.data());
+    checkpointer_->maybe_save(st, last, *model_, m.size() > 0 ? m.data() : m_.data(),
+                              v.size() > 0 ? v.data() : v_.data());
   dist::world().barrier();  // the step folder is committed before any rank goes on
 }
 
@@ -438,6 +445,24 @@ void Trainer::train() {
       writer.log_validation(vm);
       last_log += v.seconds;  // the training tps leaves validation time out
     }
+  }
+  if (dims_.batch() > 1 && step_ > first_step_) {
+    // Bytes this rank sent in the gradient reduction and the parameter gather, per step, against
+    // the ring-algorithm volume of the layout: reduce-scatter and all-gather each move
+    // (S−1)/S of the parameter bytes within a shard group of S, the all-reduce across R replicas
+    // 2·(R−1)/R of the shard's bytes (the norm's scalar is left out of the theory).
+    const double steps = static_cast<double>(step_ - first_step_);
+    const double bytes = 4.0 * static_cast<double>(model_->num_params());
+    const double S = static_cast<double>(dims_.dp_shard),
+                 R = static_cast<double>(dims_.dp_replicate);
+    const double theory = 2.0 * (S - 1) / S * bytes + 2.0 * (R - 1) / R * bytes / S;
+    const double sent = static_cast<double>(step_comm_bytes_) / steps;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "Communication per step and rank (gradients and parameters): %.3f MiB sent, "
+                  "%.3f MiB in theory for %s (ratio %.4f)",
+                  sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
+    log::info(buf);
   }
   log::info("Training completed");
 }

@@ -67,6 +67,7 @@ class Trainer {
   int64_t shard_off_ = 0, shard_len_ = 0;  // this rank's range of the flat parameters
   std::vector<int64_t> shard_counts_;      // every fsdp rank's shard length
   Buffer<float> grad_shard_;               // the reduced gradient of this rank's shard
+  int64_t step_comm_bytes_ = 0;            // sent by reduce_and_update since this process began
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<data::PackedLoader> loader_;
   std::unique_ptr<Validator> validator_;  // when validator.enable
