@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "titan/checkpoint/safetensors.h"
+#include "titan/core/error.h"
 #include "titan/models/qwen3/hf_config.h"
 #include "titan/models/qwen3/model.h"
 #include "titan/models/qwen3/state_dict_adapter.h"
@@ -55,6 +56,35 @@ std::vector<float> f32_of(const ckpt::SafetensorsSet& s, const std::string& name
   return r;
 }
 
+// The fixture's batch in titan's form: HF labels shifted (HF shifts inside the loss), positions
+// 0..S-1 per row.
+struct FixtureBatch {
+  int64_t B = 0, S = 0;
+  std::vector<int32_t> input, labels, positions;
+  int64_t valid() const {
+    int64_t n = 0;
+    for (int32_t l : labels) n += l != -100;
+    return n;
+  }
+};
+FixtureBatch fixture_batch(const ckpt::SafetensorsSet& expected) {
+  const ckpt::TensorView* ids_t = expected.find("input_ids");
+  check(ids_t != nullptr, "fixture without input_ids");
+  FixtureBatch f;
+  f.B = ids_t->shape[0];
+  f.S = ids_t->shape[1];
+  f.input = ids_of(*ids_t);
+  const std::vector<int32_t> hf_labels = ids_of(*expected.find("labels"));
+  f.labels.resize(f.B * f.S);
+  f.positions.resize(f.B * f.S);
+  for (int64_t b = 0; b < f.B; ++b)
+    for (int64_t s = 0; s < f.S; ++s) {
+      f.labels[b * f.S + s] = s + 1 < f.S ? hf_labels[b * f.S + s + 1] : -100;
+      f.positions[b * f.S + s] = static_cast<int32_t>(s);
+    }
+  return f;
+}
+
 class HfParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
@@ -62,16 +92,9 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
   Qwen3Args args = args_from_hf_config(dir);
   args.attn_mask_type = "causal";
   ckpt::SafetensorsSet expected = ckpt::SafetensorsSet::open(dir + "/expected.safetensors");
-  const ckpt::TensorView* ids_t = expected.find("input_ids");
-  ASSERT_NE(ids_t, nullptr);
-  const int64_t B = ids_t->shape[0], S = ids_t->shape[1], T = B * S, V = args.vocab_size;
-  std::vector<int32_t> input = ids_of(*ids_t), hf_labels = ids_of(*expected.find("labels"));
-  std::vector<int32_t> labels(T), positions(T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s) {
-      labels[b * S + s] = s + 1 < S ? hf_labels[b * S + s + 1] : -100;  // HF shifts inside
-      positions[b * S + s] = static_cast<int32_t>(s);
-    }
+  FixtureBatch fb = fixture_batch(expected);
+  const int64_t B = fb.B, S = fb.S, T = B * S, V = args.vocab_size;
+  std::vector<int32_t>&input = fb.input, &labels = fb.labels, &positions = fb.positions;
   Qwen3Model m(args, B, S, 3);  // 3 loss chunks: chunk boundaries inside the batch
   load_hf_weights(m, ckpt::SafetensorsSet::open(dir), dir);
   Batch batch{B, S, input.data(), labels.data(), positions.data()};
@@ -87,8 +110,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
 
   // Loss and gradients.
   m.zero_grad();
-  int64_t count = 0;
-  for (int32_t l : labels) count += l != -100;
+  const int64_t count = fb.valid();
   ops::LossSum ls = m.forward_backward(batch, 1.0f / static_cast<float>(count));
   EXPECT_EQ(ls.count, count);
   double loss = ls.sum / static_cast<double>(ls.count);
@@ -178,16 +200,9 @@ TEST_P(HfParityBf16, LogitsWithinTheBf16BoundAndLossNearAutocast) {
   args.attn_mask_type = "causal";
   ckpt::SafetensorsSet expected = ckpt::SafetensorsSet::open(dir + "/expected.safetensors");
   ckpt::SafetensorsSet autocast = ckpt::SafetensorsSet::open(dir + "/expected_bf16.safetensors");
-  const ckpt::TensorView* ids_t = expected.find("input_ids");
-  ASSERT_NE(ids_t, nullptr);
-  const int64_t B = ids_t->shape[0], S = ids_t->shape[1], T = B * S, V = args.vocab_size;
-  std::vector<int32_t> input = ids_of(*ids_t), hf_labels = ids_of(*expected.find("labels"));
-  std::vector<int32_t> labels(T), positions(T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s) {
-      labels[b * S + s] = s + 1 < S ? hf_labels[b * S + s + 1] : -100;
-      positions[b * S + s] = static_cast<int32_t>(s);
-    }
+  FixtureBatch fb = fixture_batch(expected);
+  const int64_t B = fb.B, S = fb.S, T = B * S, V = args.vocab_size;
+  std::vector<int32_t>&input = fb.input, &labels = fb.labels, &positions = fb.positions;
   Qwen3Model m(args, B, S, 3, {}, {}, true, {}, DType::BF16);
   load_hf_weights(m, ckpt::SafetensorsSet::open(dir), dir);
   Batch batch{B, S, input.data(), labels.data(), positions.data()};
@@ -204,8 +219,7 @@ TEST_P(HfParityBf16, LogitsWithinTheBf16BoundAndLossNearAutocast) {
   const int64_t n_gemm = 6 * args.n_layers + 1;
   const double bound = 2.0 / 256.0 * static_cast<double>(n_gemm) * top;
   EXPECT_LE(d32, bound);
-  int64_t count = 0;
-  for (int32_t l : labels) count += l != -100;
+  const int64_t count = fb.valid();
   m.zero_grad();
   const ops::LossSum ls = m.forward_backward(batch, 1.0f / static_cast<float>(count));
   double loss = ls.sum / static_cast<double>(ls.count);

@@ -105,15 +105,18 @@ TITAN_CLONES void softmax_grad_row(float* p, float* g, int64_t N, float lse, flo
   }
 }
 
-TITAN_CLONES float dot_row(const float* a, const float* b, int64_t n) {
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float r = 0.f;
-  for (; i < n; ++i) r += a[i] * b[i];
-  for (int j = 0; j < 8; ++j) r += acc[j];
-  return r;
+// Calls fn(b, h, kvh, seg, i0, nr, j0, N) for every (batch row, query head, block of kBq queries
+// [i0, i0 + nr)) with its key range [j0, j0 + N), in a fixed order.
+template <typename Fn>
+void for_each_block(const AttnShape& s, const int32_t* seg_start, Fn&& fn) {
+  for (int64_t b = 0; b < s.B; ++b) {
+    const int32_t* seg = seg_start + b * s.S;
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i0 = 0; i0 < s.S; i0 += kBq) {
+        const int64_t i1 = std::min(s.S, i0 + kBq), j0 = first_key(seg, i0, i1);
+        fn(b, h, h / (s.Hq / s.Hkv), seg, i0, i1 - i0, j0, i1 - j0);
+      }
+  }
 }
 
 // The masked, scaled scores of block (b, h, [i0, i1)) against keys [j0, i1) into w.s [nr, N].
@@ -144,29 +147,24 @@ void attention_fwd_bf16(const AttnShape& s, const float* q, const float* k, cons
   heads_to_bf16(q, s.ldq, T, s.Hq * d, w.q);
   heads_to_bf16(k, s.ldk, T, ldk, w.k);
   heads_to_bf16(v, s.ldv, T, ldk, w.v);
-  for (int64_t b = 0; b < s.B; ++b) {
-    const int32_t* seg = seg_start + b * s.S;
-    for (int64_t h = 0; h < s.Hq; ++h) {
-      const int64_t kvh = h / (s.Hq / s.Hkv);
-      for (int64_t i0 = 0; i0 < s.S; i0 += kBq) {
-        const int64_t i1 = std::min(s.S, i0 + kBq), nr = i1 - i0;
-        const int64_t j0 = first_key(seg, i0, i1), N = i1 - j0;
-        scores(s, w, seg, b, h, i0, nr, j0, N, rowmax);
-        float* lrow = lse + (b * s.Hq + h) * s.S + i0;
+  for_each_block(s, seg_start,
+                 [&](int64_t b, int64_t h, int64_t kvh, const int32_t* seg, int64_t i0, int64_t nr,
+                     int64_t j0, int64_t N) {
+                   scores(s, w, seg, b, h, i0, nr, j0, N, rowmax);
+                   float* lrow = lse + (b * s.Hq + h) * s.S + i0;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < nr; ++i) {
-          float* row = w.s + i * N;
-          const float sum = exp_row_sum(row, N, rowmax[i]);  // key i is always visible: sum >= 1
-          const float inv = 1.0f / sum;
-          for (int64_t j = 0; j < N; ++j) row[j] *= inv;
-          lrow[i] = rowmax[i] + std::log(sum);
-          to_bf16(row, N, w.pb + i * N);
-        }
-        gemm_bf16(false, false, nr, d, N, w.pb, N, w.v + (b * s.S + j0) * ldk + kvh * d, ldk,
-                  o + (b * s.S + i0) * ldo + h * d, ldo, false);
-      }
-    }
-  }
+                   for (int64_t i = 0; i < nr; ++i) {
+                     float* row = w.s + i * N;
+                     const float sum =
+                         exp_row_sum(row, N, rowmax[i]);  // key i is always visible: sum >= 1
+                     const float inv = 1.0f / sum;
+                     for (int64_t j = 0; j < N; ++j) row[j] *= inv;
+                     lrow[i] = rowmax[i] + std::log(sum);
+                     to_bf16(row, N, w.pb + i * N);
+                   }
+                   gemm_bf16(false, false, nr, d, N, w.pb, N, w.v + (b * s.S + j0) * ldk + kvh * d,
+                             ldk, o + (b * s.S + i0) * ldo + h * d, ldo, false);
+                 });
 }
 
 void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, const float* v,
@@ -182,20 +180,17 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < T * s.Hq; ++r) {
     const int64_t t = r / s.Hq, h = r % s.Hq, b = t / s.S, i = t % s.S;
-    delta[(b * s.Hq + h) * s.S + i] = dot_row(dout + t * ldo + h * d, o + t * ldo + h * d, d);
+    delta[(b * s.Hq + h) * s.S + i] = dot16(dout + t * ldo + h * d, o + t * ldo + h * d, d);
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     std::fill_n(dk + t * s.ldk, ldk, 0.f);
     std::fill_n(dv + t * s.ldv, ldk, 0.f);
   }
-  for (int64_t b = 0; b < s.B; ++b) {
-    const int32_t* seg = seg_start + b * s.S;
-    for (int64_t h = 0; h < s.Hq; ++h) {
-      const int64_t kvh = h / (s.Hq / s.Hkv);
-      for (int64_t i0 = 0; i0 < s.S; i0 += kBq) {
-        const int64_t i1 = std::min(s.S, i0 + kBq), nr = i1 - i0;
-        const int64_t j0 = first_key(seg, i0, i1), N = i1 - j0;
+  for_each_block(
+      s, seg_start,
+      [&](int64_t b, int64_t h, int64_t kvh, const int32_t* seg, int64_t i0, int64_t nr, int64_t j0,
+          int64_t N) {
         const int64_t qrow = (b * s.S + i0) * ldo + h * d, krow = (b * s.S + j0) * ldk + kvh * d;
         scores(s, w, seg, b, h, i0, nr, j0, N, w.rowmax);
         gemm_bf16(false, true, nr, N, d, w.dout + qrow, ldo, w.v + krow, ldk, w.dp, N, false);
@@ -212,9 +207,7 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
                   dk + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, true);
         gemm_bf16(true, false, N, d, nr, w.pb, N, w.dout + qrow, ldo,
                   dv + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, true);
-      }
-    }
-  }
+      });
 }
 
 }  // namespace titan::ops

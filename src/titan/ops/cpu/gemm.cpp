@@ -54,23 +54,39 @@ Context& ctx() {
 
 // The matmul primitive descriptor of one Key (throws dnnl::error when oneDNN has no
 // implementation, e.g. bf16 on a CPU without AVX512).
-dnnl::matmul::primitive_desc make_pd(const Key& key) {
-  auto [ta, tb, M, N, K, lda, ldb, ldc, acc, bf16] = key;
+// Memory descriptors of A[M,K], B[K,N], C[M,N] (dims M or K may be DNNL_RUNTIME_DIM_VAL): A and
+// B fp32 or bf16, stored [rows, ld] or transposed (read through strides); C fp32.
+struct Mds {
+  memory::desc a, b, c;
+};
+Mds make_mds(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+             int64_t ldc, bool bf16) {
   const auto f32 = memory::data_type::f32;
   const auto in = bf16 ? memory::data_type::bf16 : f32;
-  // A logical [M,K]: stored [M,K] with row stride lda, or stored [K,M] (transposed) with row stride
-  // lda.
-  memory::desc a_md({M, K}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
-  memory::desc b_md({K, N}, in, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
-  memory::desc c_md({M, N}, f32, memory::dims{ldc, 1});
+  return {memory::desc({M, K}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1}),
+          memory::desc({K, N}, in, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1}),
+          memory::desc({M, N}, f32, memory::dims{ldc, 1})};
+}
+
+// A user-managed scratchpad, and C += when accumulating (a sum post-op).
+dnnl::primitive_attr make_attr(bool accumulate) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (acc) {
+  if (accumulate) {
     dnnl::post_ops po;
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, ctx().engine);
+  return attr;
+}
+
+// The matmul primitive descriptor of one Key (throws dnnl::error when oneDNN has no
+// implementation, e.g. bf16 on a CPU without AVX512).
+dnnl::matmul::primitive_desc make_pd(const Key& key) {
+  auto [ta, tb, M, N, K, lda, ldb, ldc, acc, bf16] = key;
+  const Mds md = make_mds(ta, tb, M, N, K, lda, ldb, ldc, bf16);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(md.a, md.b, md.c), make_attr(acc),
+                                      ctx().engine);
 }
 
 Entry& lookup(const Key& key) {
@@ -96,19 +112,6 @@ Entry& lookup(const Key& key) {
   return ref;
 }
 
-// Memory descriptors of A[M,K], B[K,N], C[M,N] (dims M or K may be DNNL_RUNTIME_DIM_VAL).
-struct Mds {
-  memory::desc a, b, c;
-};
-Mds make_mds(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-             int64_t ldc, bool bf16) {
-  const auto f32 = memory::data_type::f32;
-  const auto in = bf16 ? memory::data_type::bf16 : f32;
-  return {memory::desc({M, K}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1}),
-          memory::desc({K, N}, in, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1}),
-          memory::desc({M, N}, f32, memory::dims{ldc, 1})};
-}
-
 RowsEntry& lookup_rows(const RowsKey& key) {
   Context& c = ctx();
   auto it = c.rows_cache.find(key);
@@ -116,14 +119,7 @@ RowsEntry& lookup_rows(const RowsKey& key) {
   auto [ta, tb, N, lda, ldb, ldc, acc, bf16] = key;
   const Mds md =
       make_mds(ta, tb, DNNL_RUNTIME_DIM_VAL, N, DNNL_RUNTIME_DIM_VAL, lda, ldb, ldc, bf16);
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (acc) {
-    dnnl::post_ops po;
-    po.append_sum(1.0f);
-    attr.set_post_ops(po);
-  }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md.a, md.b, md.c), attr, c.engine);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md.a, md.b, md.c), make_attr(acc), c.engine);
   auto e = std::make_unique<RowsEntry>();
   e->prim = dnnl::matmul(pd);
   // A runtime-dims primitive books a scratchpad that does not depend on M and K (it could not
