@@ -172,11 +172,11 @@ INSTANTIATE_TEST_SUITE_P(Models, DataParallel, ::testing::Values(false, true),
                            return i.param ? std::string("Moe") : std::string("Dense");
                          });
 
-// Checkpoints of a data-parallel run hold the whole state (rank 0 writes it, the optimizer state
-// gathered from the shards, every rank's data position): resuming in the same layout continues
-// bitwise as if uninterrupted; another layout (and one process) loads the same weights and
-// optimizer state and trains on (keeping the data positions when it has as many data ranks,
-// else restarting the data order with a warning).
+// Checkpoints of a sharded run (FSDP) are written by every rank in parallel (a shard file each
+// plus an index), those of DDP by rank 0; either loads into any layout. Resuming in the same
+// layout continues bitwise as if uninterrupted; another layout (and one process) loads the same
+// weights and optimizer state and trains on (keeping the data positions when it has as many data
+// ranks, else restarting the data order with a warning).
 TEST(DataParallelCheckpoint, ResumesInTheSameLayoutBitwiseAndLoadsInAnother) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_resume");
@@ -188,6 +188,8 @@ TEST(DataParallelCheckpoint, ResumesInTheSameLayoutBitwiseAndLoadsInAnother) {
   const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
   r = sh(mpirun(2) + job(docs, part, false, 2) + keep);
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(part + "/checkpoint/step-2/checkpoint.index.json"));
+  EXPECT_TRUE(fs::exists(part + "/checkpoint/step-2/shard-00001-of-00002.safetensors"));
   r = sh(mpirun(2) + job(docs, part, false, 4) + keep);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step:  3"), std::string::npos) << r.out;
@@ -214,6 +216,50 @@ TEST(DataParallelCheckpoint, ResumesInTheSameLayoutBitwiseAndLoadsInAnother) {
         << r.out;
     EXPECT_EQ(metrics(other).size(), 1u);  // step 3 only
   }
+}
+
+// Resharding on load: FSDP 4 saves step 2 (four shard files written in parallel); HSDP 2×2 (the
+// same four data ranks, so the same data positions) continues it like FSDP 4 itself; FSDP 2 and
+// one process (the data order restarted in both, the same global batch of 8) continue it like
+// each other. Losses and gradient norms within 1e-5 relative (only the reduction order differs).
+TEST(DataParallelCheckpoint, ShardedSaveOfFourRanksLoadsIntoOtherLayouts) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_reshard");
+  const std::string docs = write_docs(dir);
+  const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
+  const std::string full = dir + "/fsdp4_full", part = dir + "/fsdp4_part";
+  ShellRun r = sh(mpirun(4) + job(docs, full, false, 4) + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(mpirun(4) + job(docs, part, false, 2) + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(fs::exists(part + "/checkpoint/step-2/shard-00003-of-00004.safetensors")) << r.out;
+  auto resume = [&](const std::string& name, const std::string& launcher,
+                    const std::string& flags) {
+    const std::string other = dir + "/" + name;
+    fs::create_directories(other + "/checkpoint");
+    fs::copy(part + "/checkpoint/step-2", other + "/checkpoint/step-2",
+             fs::copy_options::recursive);
+    const ShellRun run = sh(launcher + job(docs, other, false, 4) + keep + flags);
+    EXPECT_EQ(run.code, 0) << run.out;
+    EXPECT_NE(run.out.find("Resuming from sharded checkpoint"), std::string::npos) << run.out;
+    return other;
+  };
+  auto same_steps = [](const std::vector<nlohmann::json>& a, size_t from,
+                       const std::vector<nlohmann::json>& b) {
+    ASSERT_EQ(b.size(), 2u);  // steps 3 and 4
+    for (size_t s = 0; s < 2; ++s)
+      for (const char* k : {"loss", "grad_norm"}) {
+        const double x = a[from + s][k], y = b[s][k];
+        EXPECT_NEAR(y, x, 1e-5 * std::fabs(x)) << k << " at step " << s + 3;
+      }
+  };
+  const std::string hsdp = resume("hsdp", mpirun(4),
+                                  " --parallelism.data_parallel_replicate_degree 2"
+                                  " --parallelism.data_parallel_shard_degree 2");
+  same_steps(metrics(full), 2, metrics(hsdp));
+  const std::string fsdp2 = resume("fsdp2", mpirun(2), " --training.global_batch_size 8");
+  const std::string one = resume("one", "", " --training.global_batch_size 8");
+  same_steps(metrics(one), 0, metrics(fsdp2));
 }
 
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {

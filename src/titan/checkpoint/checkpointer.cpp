@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -145,6 +146,8 @@ struct StepDir {
 StepDir classify(int64_t step, const fs::path& dir) {
   std::error_code ec;
   const bool state = fs::exists(dir / "train_state.json", ec);
+  if (fs::exists(dir / kShardedIndexName, ec))
+    return {step, dir, state ? Kind::Full : Kind::Incomplete, state ? "" : "train_state.json"};
   const bool opt = fs::exists(dir / "optimizer.safetensors", ec);
   const bool model = fs::exists(dir / "model.safetensors", ec) ||
                      fs::exists(dir / "model.safetensors.index.json", ec);
@@ -212,6 +215,148 @@ TrainState read_train_state(const fs::path& dir, int64_t step) {
   }
   return st;
 }
+
+void write_train_state(const fs::path& dir, const TrainState& st) {
+  write_json(dir / "train_state.json", {{"step", st.step},
+                                        {"tokens_seen", st.tokens_seen},
+                                        {"dataloader", st.dataloader},
+                                        {"data", st.data}});
+}
+
+std::string shard_file_name(int64_t rank, int64_t shards) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard-%05lld-of-%05lld.safetensors", static_cast<long long>(rank),
+                static_cast<long long>(shards));
+  return buf;
+}
+
+// A parameter's part of a flat range: elements [begin, end) of its flattened tensor.
+struct Slice {
+  const models::ParamInfo* p;
+  int64_t begin, end;
+};
+
+// The slices of the (non-alias) parameters that flat range [lo, hi) holds.
+std::vector<Slice> slices_in(const models::Model& model, int64_t lo, int64_t hi) {
+  std::vector<Slice> r;
+  for (const auto& p : model.params()) {
+    const int64_t a = std::max(lo, p.offset), z = std::min(hi, p.offset + p.numel);
+    if (!p.alias && a < z) r.push_back({&p, a - p.offset, z - p.offset});
+  }
+  return r;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// A sharded step directory's index and its files, opened and checked against checksums.json.
+class ShardedDir {
+ public:
+  ShardedDir(const std::string& dir, const std::optional<std::map<std::string, FileSum>>& sums)
+      : dir_(dir), index_path_((fs::path(dir) / kShardedIndexName).string()) {
+    const json idx = read_json(index_path_);
+    check(idx.is_object() && idx.value("format", json()) == "titan-sharded-checkpoint",
+          index_path_ + ": \"format\" must be \"titan-sharded-checkpoint\"");
+    check(idx.value("version", json()) == 1, index_path_ + ": version " +
+                                                 idx.value("version", json()).dump() +
+                                                 " is not supported (this titan reads version 1)");
+    check(idx.contains("tensors") && idx["tensors"].is_object(),
+          index_path_ + ": \"tensors\" must be an object");
+    for (const auto& [name, e] : idx["tensors"].items()) {
+      const std::string at = index_path_ + ": tensor '" + name + "'";
+      check(e.is_object() && e.contains("shape") && e["shape"].is_array() && e.contains("slices") &&
+                e["slices"].is_array(),
+            at + " must have \"shape\" and \"slices\"");
+      Entry& t = tensors_[name];
+      for (const auto& d : e["shape"]) {
+        check(d.is_number_integer() && d.get<int64_t>() >= 0, at + ": bad \"shape\"");
+        t.shape.push_back(d.get<int64_t>());
+      }
+      for (const auto& sl : e["slices"]) {
+        check(sl.is_array() && sl.size() == 3 && sl[0].is_string() && sl[1].is_number_integer() &&
+                  sl[2].is_number_integer(),
+              at + ": every slice must be [file, begin, end]");
+        const std::string file = sl[0].get<std::string>();
+        check(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+              at + ": '" + file + "' is not a file name");
+        t.slices.push_back({file, sl[1].get<int64_t>(), sl[2].get<int64_t>()});
+        if (!files_.count(file)) {
+          const std::string path = (fs::path(dir) / file).string();
+          check(!sums || sums->count(file), path + ": not listed in " +
+                                                std::string(kChecksumsName) +
+                                                "; the directory was changed after it was saved");
+          files_.emplace(file, SafetensorsFile::open(path));
+        }
+      }
+      // The slices must cover the tensor exactly once.
+      std::sort(t.slices.begin(), t.slices.end(),
+                [](const SliceRef& a, const SliceRef& b) { return a.begin < b.begin; });
+      int64_t next = 0;
+      for (const auto& sl : t.slices) {
+        check(sl.begin == next && sl.end > sl.begin,
+              at + ": its slices leave a gap or overlap at element " + std::to_string(next));
+        next = sl.end;
+      }
+      check(next == numel_of(t.shape), at + ": its slices cover " + std::to_string(next) +
+                                           " of its " + std::to_string(numel_of(t.shape)) +
+                                           " elements");
+    }
+    if (sums) {  // every listed file, the shards hashed from the mappings just opened
+      std::map<std::string, Mapped> mapped;
+      for (const auto& [name, f] : files_) mapped[name] = {f.bytes(), f.size()};
+      verify_checksums(dir, mapped);
+    }
+  }
+
+  bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+
+  // dst[0 : hi − lo) = elements [lo, hi) of tensor `name` (flattened), whose shape must be `shape`.
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t lo, int64_t hi,
+            float* dst) const {
+    auto it = tensors_.find(name);
+    check(it != tensors_.end(), index_path_ + " lacks tensor '" + name + "'");
+    check(it->second.shape == shape, index_path_ + ": tensor '" + name + "' has shape " +
+                                         json(it->second.shape).dump() + ", the model's is " +
+                                         json(shape).dump());
+    for (const SliceRef& sl : it->second.slices) {
+      const int64_t a = std::max(lo, sl.begin), z = std::min(hi, sl.end);
+      if (a >= z) continue;
+      const SafetensorsFile& f = files_.at(sl.file);
+      const TensorView* t = f.find(name);
+      check(t != nullptr && t->dtype == DType::F32 &&
+                t->shape == std::vector<int64_t>{sl.end - sl.begin},
+            f.path() + ": tensor '" + name + "' must be F32 of shape [" +
+                std::to_string(sl.end - sl.begin) + "] as " + kShardedIndexName + " says");
+      std::memcpy(dst + (a - lo), t->data + (a - sl.begin) * 4,
+                  static_cast<size_t>(z - a) * sizeof(float));
+    }
+  }
+
+  // The model's parameters (whole) and buffers (those the index has).
+  void read_weights(models::Model& model) const {
+    float* w = model.param_data();
+    for (const auto& p : model.params())
+      if (!p.alias) read(p.fqn, p.shape, 0, numel_of(p.shape), w + p.offset);
+    for (const auto& b : model.buffers())
+      if (has(b.fqn)) read(b.fqn, b.shape, 0, numel_of(b.shape), b.data);
+  }
+
+ private:
+  struct SliceRef {
+    std::string file;
+    int64_t begin, end;
+  };
+  struct Entry {
+    std::vector<int64_t> shape;
+    std::vector<SliceRef> slices;
+  };
+  std::string dir_, index_path_;
+  std::map<std::string, Entry> tensors_;
+  std::map<std::string, SafetensorsFile> files_;
+};
 
 }  // namespace
 
@@ -337,6 +482,10 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf, 
   std::optional<std::map<std::string, FileSum>> sums;
   if (verify && fs::is_directory(path, ec) && fs::exists(fs::path(path) / kChecksumsName, ec))
     sums = precheck_dir(path);
+  if (!hf && fs::exists(fs::path(path) / kShardedIndexName, ec)) {
+    ShardedDir(path, sums).read_weights(model);
+    return;
+  }
   SafetensorsSet set = SafetensorsSet::open(path);
   if (sums && hf) {  // the model reads in its own order: check first, hashing the mappings
     std::map<std::string, Mapped> mapped;
@@ -435,7 +584,7 @@ void Checkpointer::clean_stale() {
 }
 
 std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
-                                             float* exp_avg_sq) {
+                                             float* exp_avg_sq, FlatRange opt) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
   if (k.enable) clean_stale();
@@ -485,7 +634,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
       pick = &*full;
     }
     try {
-      return load_full(model, exp_avg, exp_avg_sq, pick->path.string(), pick->step);
+      return load_full(model, exp_avg, exp_avg_sq, opt, pick->path.string(), pick->step);
     } catch (const Error& e) {
       if (k.load_step >= 0) throw;
       throw Error(std::string(e.what()) + older_hint(dirs, pick->step));
@@ -502,20 +651,45 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
 }
 
 TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                   const std::string& dir, int64_t step) {
+                                   FlatRange opt, const std::string& dir, int64_t step) {
+  const int64_t n = model.num_params();
+  if (opt.len < 0) opt = {0, n};
   const auto sums = precheck_dir(dir);
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kShardedIndexName, ec)) {
+    const ShardedDir sharded(dir, sums);
+    TrainState st = read_train_state(dir, step);
+    sharded.read_weights(model);
+    // The moments' slices that overlap this rank's range.
+    for (const Slice& sl : slices_in(model, opt.begin, opt.begin + opt.len)) {
+      const int64_t at = sl.p->offset + sl.begin - opt.begin;
+      sharded.read("exp_avg." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg + at);
+      sharded.read("exp_avg_sq." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg_sq + at);
+    }
+    log::info("Resuming from sharded checkpoint " + dir + " at step " + std::to_string(st.step));
+    return st;
+  }
   SafetensorsSet weights = SafetensorsSet::open(dir);
-  SafetensorsSet opt = SafetensorsSet::open((fs::path(dir) / "optimizer.safetensors").string());
-  verify_rest(dir, sums, {&weights, &opt});  // train_state.json
+  SafetensorsSet opt_set = SafetensorsSet::open((fs::path(dir) / "optimizer.safetensors").string());
+  verify_rest(dir, sums, {&weights, &opt_set});  // train_state.json
   TrainState st = read_train_state(dir, step);
   read_weights(model, weights, dir, false, sums);
+  // Whole tensors: into the caller's buffers when they hold everything, else through a full copy.
+  const bool whole = opt.begin == 0 && opt.len == n;
+  std::vector<float> full_m(whole ? 0 : static_cast<size_t>(n)), full_v(full_m.size());
+  float* m = whole ? exp_avg : full_m.data();
+  float* v = whole ? exp_avg_sq : full_v.data();
   std::vector<Want> moments;
   for (const auto& p : model.params()) {
     if (p.alias) continue;
-    moments.push_back({"exp_avg." + p.fqn, p.shape, exp_avg + p.offset});
-    moments.push_back({"exp_avg_sq." + p.fqn, p.shape, exp_avg_sq + p.offset});
+    moments.push_back({"exp_avg." + p.fqn, p.shape, m + p.offset});
+    moments.push_back({"exp_avg_sq." + p.fqn, p.shape, v + p.offset});
   }
-  read_native(opt, moments, sums);
+  read_native(opt_set, moments, sums);
+  if (!whole) {
+    std::copy_n(full_m.data() + opt.begin, opt.len, exp_avg);
+    std::copy_n(full_v.data() + opt.begin, opt.len, exp_avg_sq);
+  }
   log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
   return st;
 }
@@ -565,10 +739,7 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
     }
     write_file((tmp / "optimizer.safetensors").string(), opt);
     test::kill_point("save:optimizer");
-    write_json(tmp / "train_state.json", {{"step", st.step},
-                                          {"tokens_seen", st.tokens_seen},
-                                          {"dataloader", st.dataloader},
-                                          {"data", st.data}});
+    write_train_state(tmp, st);
     test::kill_point("save:train_state");
     write_checksums(tmp.string());
     test::kill_point("save:checksums");
@@ -580,6 +751,83 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
                 " (the partial copy was removed; earlier checkpoints are intact): " + e.what());
   }
   log::info("Saved checkpoint " + dst.string());
+  purge();
+}
+
+std::string Checkpointer::sharded_begin(int64_t step) {
+  std::error_code ec;
+  fs::create_directories(folder_, ec);
+  check(!ec, "cannot create the checkpoint folder " + folder_ + " (" + ec.message() + ")");
+  return temp_sibling(fs::path(folder_) / step_name(step)).string();
+}
+
+json Checkpointer::write_shard(const std::string& tmp, int64_t rank,
+                               const std::vector<int64_t>& counts, const models::Model& model,
+                               const float* exp_avg, const float* exp_avg_sq) const {
+  int64_t lo = 0;
+  for (int64_t r = 0; r < rank; ++r) lo += counts[static_cast<size_t>(r)];
+  const int64_t hi = lo + counts[static_cast<size_t>(rank)];
+  const std::string name = shard_file_name(rank, static_cast<int64_t>(counts.size()));
+  const std::string path = (fs::path(tmp) / name).string();
+  std::vector<WriteTensor> tensors;
+  for (const Slice& sl : slices_in(model, lo, hi)) {
+    const std::vector<int64_t> shape{sl.end - sl.begin};
+    const int64_t at = sl.p->offset + sl.begin;
+    tensors.push_back({sl.p->fqn, DType::F32, shape, model.param_data() + at});
+    tensors.push_back({"exp_avg." + sl.p->fqn, DType::F32, shape, exp_avg + (at - lo)});
+    tensors.push_back({"exp_avg_sq." + sl.p->fqn, DType::F32, shape, exp_avg_sq + (at - lo)});
+  }
+  if (rank == 0)
+    for (const auto& b : model.buffers())
+      tensors.push_back({b.fqn, DType::F32, {numel_of(b.shape)}, b.data});
+  write_file(path, tensors, {{"titan_shard", std::to_string(rank)}});
+  test::kill_point("save:shard");
+  return {{name, file_checksum_entry(path)}};
+}
+
+void Checkpointer::sharded_commit(const std::string& tmp_dir, const TrainState& st,
+                                  const models::Model& model, const std::vector<int64_t>& counts,
+                                  const json& sums) {
+  const fs::path tmp(tmp_dir), dst = fs::path(folder_) / step_name(st.step);
+  const int64_t shards = static_cast<int64_t>(counts.size());
+  try {
+    json tensors = json::object();
+    for (const auto& p : model.params())
+      if (!p.alias)
+        for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
+          tensors[prefix + p.fqn] = {{"shape", p.shape}, {"slices", json::array()}};
+    int64_t lo = 0;
+    for (int64_t r = 0; r < shards; ++r) {
+      const int64_t hi = lo + counts[static_cast<size_t>(r)];
+      for (const Slice& sl : slices_in(model, lo, hi))
+        for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
+          tensors[prefix + sl.p->fqn]["slices"].push_back(
+              json::array({shard_file_name(r, shards), sl.begin, sl.end}));
+      lo = hi;
+    }
+    for (const auto& b : model.buffers())
+      tensors[b.fqn] = {
+          {"shape", b.shape},
+          {"slices",
+           json::array({json::array({shard_file_name(0, shards), 0, numel_of(b.shape)})})}};
+    write_json(tmp / kShardedIndexName, {{"format", "titan-sharded-checkpoint"},
+                                         {"version", 1},
+                                         {"shards", shards},
+                                         {"tensors", tensors}});
+    write_train_state(tmp, st);
+    test::kill_point("save:train_state");
+    write_checksums(tmp.string(), sums);
+    test::kill_point("save:checksums");
+    io::fsync_dir(tmp.string());
+    commit_dir(tmp, dst);
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw Error("cannot save checkpoint " + dst.string() +
+                " (the partial copy was removed; earlier checkpoints are intact): " + e.what());
+  }
+  log::info("Saved sharded checkpoint " + dst.string() + " (" + std::to_string(shards) +
+            " shards written in parallel)");
   purge();
 }
 

@@ -10,6 +10,22 @@
 // data settings it was trained with), checksums.json (size and XXH3-64 of every other file,
 // checked before loading; checksums.h).
 //
+// Sharded layout of step-N/ (data parallelism with sharding, FSDP/HSDP: the ranks of one replica
+// write in parallel, each its own range of the flat parameter buffer, models/model.h):
+//   shard-0000r-of-0000S.safetensors  rank r's slice of every parameter and AdamW moment that
+//       overlaps its range, each a 1-D F32 tensor under the unsharded name (FQN, exp_avg.FQN,
+//       exp_avg_sq.FQN); shard 0 also holds the persistent buffers whole;
+//   checkpoint.index.json  {"format": "titan-sharded-checkpoint", "version": 1, "shards": S,
+//       "tensors": {name: {"shape": [global shape], "slices": [[file, begin, end], ...]}}}: the
+//       range [begin, end) of each tensor's flattened elements that each file holds;
+//   train_state.json and checksums.json as above (each shard's checksums computed by its writer).
+// Either layout loads into any layout (and one process): every rank reads the whole parameters
+// and the slices of the moments that overlap its own range; the full tensors come out bitwise.
+// The commit: rank 0 makes step-N.tmp-PID, every writer writes its file there, and after a
+// barrier rank 0 writes the index, the train state and the checksums and renames the folder to
+// step-N. The rename is the marker: a folder without it is never loaded (a killed job's is
+// removed by the next run, as below).
+//
 // Crash safety. A step is written into step-N.tmp-PID and renamed to step-N once complete. An
 // existing step-N (a re-run of the same step) is replaced with renameat2(RENAME_EXCHANGE), one
 // atomic swap, after which the old copy (now under the .tmp name) is removed; on a file system
@@ -30,6 +46,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "titan/config/job_config.h"
@@ -48,15 +65,24 @@ struct TrainState {
   bool finished = false;
 };
 
+// A range of the flat parameter buffer (models::ParamInfo offsets): the AdamW state a rank holds.
+// len -1: the whole buffer.
+struct FlatRange {
+  int64_t begin = 0, len = -1;
+};
+
+inline constexpr const char* kShardedIndexName = "checkpoint.index.json";
+
 class Checkpointer {
  public:
   // Throws titan::Error for an empty dump_folder.
   explicit Checkpointer(const config::JobConfig& cfg);
 
   // Removes what killed runs left in the checkpoint folder (see above), then restores per the
-  // order above. exp_avg/exp_avg_sq: the optimizer state (num_params each). Returns the train
-  // state when a run was resumed.
-  std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq);
+  // order above. exp_avg/exp_avg_sq: the optimizer state of the flat range `opt` (the whole
+  // buffer by default). Returns the train state when a run was resumed.
+  std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
+                                 FlatRange opt = {});
 
   // Whether a save is due after `step` (enabled, and interval or last).
   bool due(int64_t step, bool last) const {
@@ -67,12 +93,27 @@ class Checkpointer {
   void maybe_save(const TrainState& st, bool last, const models::Model& model, const float* exp_avg,
                   const float* exp_avg_sq);
 
+  // A sharded save (the layout above), in the three parts the trainer calls around its
+  // collectives. Rank 0: the fresh temporary folder of step-N.
+  std::string sharded_begin(int64_t step);
+  // Every writer: its shard file in tmp (counts[r] = rank r's length of the flat buffer, ranges
+  // consecutive from 0); its exp_avg/exp_avg_sq hold its range. Returns the file's entry of
+  // checksums.json as {name: entry}.
+  nlohmann::json write_shard(const std::string& tmp, int64_t rank,
+                             const std::vector<int64_t>& counts, const models::Model& model,
+                             const float* exp_avg, const float* exp_avg_sq) const;
+  // Rank 0, once every writer has finished: the index, train state and checksums (`sums`: the
+  // writers' entries merged), then the rename to step-N and the purge of older steps. On failure
+  // tmp is removed and titan::Error names the file.
+  void sharded_commit(const std::string& tmp, const TrainState& st, const models::Model& model,
+                      const std::vector<int64_t>& counts, const nlohmann::json& sums);
+
   std::string folder() const { return folder_; }
 
  private:
   void purge();
   void clean_stale();
-  TrainState load_full(models::Model& model, float* exp_avg, float* exp_avg_sq,
+  TrainState load_full(models::Model& model, float* exp_avg, float* exp_avg_sq, FlatRange opt,
                        const std::string& dir, int64_t step);
   config::JobConfig cfg_;
   std::string folder_;

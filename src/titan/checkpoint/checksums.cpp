@@ -97,17 +97,23 @@ std::vector<uint64_t> file_chunk_hashes(const std::string& path) {
   return chunk_hashes(m.data, m.size);
 }
 
-void write_checksums(const std::string& dir) {
+json file_checksum_entry(const std::string& path) {
+  FileMap m(path);
+  json hashes = json::array();
+  for (uint64_t h : chunk_hashes(m.data, m.size)) hashes.push_back(hex(h));
+  return {{"bytes", m.size}, {"xxh3_64", std::move(hashes)}};
+}
+
+void write_checksums(const std::string& dir, const json& known) {
   json files = json::object();
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     std::error_code fec;
     if (name == kChecksumsName || !e.is_regular_file(fec)) continue;
-    FileMap m(e.path().string());
-    json hashes = json::array();
-    for (uint64_t h : chunk_hashes(m.data, m.size)) hashes.push_back(hex(h));
-    files[name] = {{"bytes", m.size}, {"xxh3_64", std::move(hashes)}};
+    files[name] = known.is_object() && known.contains(name)
+                      ? known[name]
+                      : file_checksum_entry(e.path().string());
   }
   check(!ec, dir + ": cannot list (" + ec.message() + ")");
   const json j = {{"algorithm", "xxh3_64"}, {"chunk_bytes", kChecksumChunkBytes}, {"files", files}};

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+
 namespace titan::ckpt {
 
 inline constexpr const char* kChecksumsName = "checksums.json";
@@ -28,9 +30,14 @@ std::vector<uint64_t> chunk_hashes(const void* data, size_t n);
 // The same for a file; throws titan::Error naming it when it cannot be read.
 std::vector<uint64_t> file_chunk_hashes(const std::string& path);
 
+// One file's entry of checksums.json ({"bytes": N, "xxh3_64": [...]}), hashing the file.
+nlohmann::json file_checksum_entry(const std::string& path);
+
 // Hashes every regular file of dir except checksums.json and writes dir/checksums.json
-// (atomically; throws titan::Error naming the file on failure).
-void write_checksums(const std::string& dir);
+// (atomically; throws titan::Error naming the file on failure). Files named in `known` (a JSON
+// object of file name -> entry, made by file_checksum_entry where each was written: the ranks of
+// a sharded save) take that entry instead of being hashed again.
+void write_checksums(const std::string& dir, const nlohmann::json& known = nullptr);
 
 struct FileSum {
   uint64_t bytes = 0;

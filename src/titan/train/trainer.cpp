@@ -23,12 +23,31 @@ namespace {
 
 // Whether two dataloader.tokenizer values name the same tokenizer (equal, or the same directory
 // written differently).
+// *s of rank root, on every rank of group c.
+void broadcast_string(dist::Communicator& c, std::string* s, int root) {
+  int64_t len = static_cast<int64_t>(s->size());
+  c.broadcast(&len, sizeof len, root);
+  s->resize(static_cast<size_t>(len));
+  c.broadcast(s->data(), len, root);
+}
+
 bool same_tokenizer(const std::string& a, const std::string& b) {
   if (a == b) return true;
   std::error_code ea, eb;
   const auto ca = std::filesystem::weakly_canonical(a, ea);
   const auto cb = std::filesystem::weakly_canonical(b, eb);
   return !ea && !eb && ca == cb;
+}
+
+// Every rank's value of j, in rank order, on every rank of group c.
+nlohmann::json gather_json(dist::Communicator& c, const nlohmann::json& j) {
+  nlohmann::json all = nlohmann::json::array();
+  for (int r = 0; r < c.size(); ++r) {
+    std::string s = r == c.rank() ? j.dump() : "";
+    broadcast_string(c, &s, r);
+    all.push_back(nlohmann::json::parse(s));
+  }
+  return all;
 }
 
 }  // namespace
@@ -112,14 +131,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
   // ranks read after it.
   if (!rank0()) dist::world().barrier();
-  if (!dims_.sharded()) {
-    loaded = checkpointer_->load(*model_, m_.data(), v_.data());
-  } else {  // checkpoints hold the whole optimizer state: load it, keep this rank's shard
-    Buffer<float> m(n), v(n);
-    loaded = checkpointer_->load(*model_, m.data(), v.data());
-    std::copy_n(m.data() + shard_off_, shard_len_, m_.data());
-    std::copy_n(v.data() + shard_off_, shard_len_, v_.data());
-  }
+  // Any checkpoint layout: the whole parameters, the optimizer state of this rank's shard.
+  loaded = checkpointer_->load(*model_, m_.data(), v_.data(), {shard_off_, shard_len_});
   if (rank0()) dist::world().barrier();
   if (dims_.batch() > 1)
     log::info("Data parallelism: " + dims_.describe() + " over " +
@@ -322,32 +335,27 @@ void Trainer::maybe_checkpoint() {
     checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
     return;
   }
-  // Data parallel: rank 0 writes the whole state (the parameters are whole on every rank; the
-  // optimizer state and every rank's data position are gathered), so any layout can load it.
-  nlohmann::json ranks = nlohmann::json::array();
-  for (int r = 0; r < mesh_.batch->size(); ++r) {
-    std::string s = r == mesh_.batch->rank() ? st.dataloader.dump() : "";
-    int64_t len = static_cast<int64_t>(s.size());
-    mesh_.batch->broadcast(&len, sizeof len, r);
-    s.resize(static_cast<size_t>(len));
-    mesh_.batch->broadcast(s.data(), len, r);
-    ranks.push_back(nlohmann::json::parse(s));
+  // Data parallel: every rank's data position goes into the train state.
+  st.dataloader = {{"dp_world", dims_.batch()},
+                   {"dp_ranks", gather_json(*mesh_.batch, st.dataloader)}};
+  if (dims_.sharded() && !(last && cfg_.checkpoint.last_save_model_only)) {
+    // Sharded: the ranks of replica 0 write their shards in parallel into rank 0's temporary
+    // folder; rank 0 commits it once all have finished (checkpointer.h).
+    std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
+    broadcast_string(dist::world(), &tmp, 0);
+    if (mesh_.replicate_rank == 0) {
+      const nlohmann::json mine = checkpointer_->write_shard(tmp, mesh_.fsdp_rank, shard_counts_,
+                                                             *model_, m_.data(), v_.data());
+      const nlohmann::json all = gather_json(*mesh_.fsdp, mine);
+      if (rank0()) {
+        nlohmann::json sums = nlohmann::json::object();
+        for (const auto& entry : all) sums.update(entry);
+        checkpointer_->sharded_commit(tmp, st, *model_, shard_counts_, sums);
+      }
+    }
+  } else if (rank0()) {  // DDP or the model-only export: the whole state is on rank 0
+    checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
   }
-  st.dataloader = {{"dp_world", dims_.batch()}, {"dp_ranks", ranks}};
-  const int64_t n = model_->num_params();
-  Buffer<float> m, v;
-  const bool model_only = last && cfg_.checkpoint.last_save_model_only;
-  if (dims_.sharded() && !model_only) {
-    m.resize(n);
-    v.resize(n);
-    std::copy_n(m_.data(), shard_len_, m.data() + shard_off_);
-    std::copy_n(v_.data(), shard_len_, v.data() + shard_off_);
-    mesh_.fsdp->all_gather(m.data(), shard_counts_);
-    mesh_.fsdp->all_gather(v.data(), shard_counts_);
-  }
-  if (rank0())
-    checkpointer_->maybe_save(st, last, *model_, m.size() > 0 ? m.data() : m_.data(),
-                              v.size() > 0 ? v.data() : v_.data());
   dist::world().barrier();  // the step folder is committed before any rank goes on
 }
 
