@@ -262,6 +262,35 @@ TEST(DataParallelCheckpoint, ShardedSaveOfFourRanksLoadsIntoOtherLayouts) {
   same_steps(metrics(one), 0, metrics(fsdp2));
 }
 
+// A rank killed with SIGKILL in the middle of writing its shard of step 4: mpirun ends the job
+// (non-zero exit, no hang), step-4 was never committed, and the same command resumes from step 2
+// (removing the dead job's temporary folder) and continues bitwise as the uninterrupted run.
+TEST(DataParallelCheckpoint, RankKilledWhileSavingResumesFromTheLastCommittedStep) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_sigkill");
+  const std::string docs = write_docs(dir);
+  const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
+  const std::string full = dir + "/full", killed = dir + "/killed";
+  ShellRun r = sh(mpirun(2) + job(docs, full, false, 6) + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string cmd = job(docs, killed, false, 6) + keep;
+  r = sh("timeout 120 mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -np 1 " +
+         cmd + " : -np 1 env TITAN_TEST_KILL_AT=save:shard@2 " + cmd);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung until the timeout:\n" << r.out;
+  EXPECT_TRUE(fs::exists(killed + "/checkpoint/step-2/checkpoint.index.json"));
+  EXPECT_FALSE(fs::exists(killed + "/checkpoint/step-4"));
+  r = sh(mpirun(2) + cmd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Removed 1 unfinished folder"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at step 2"), std::string::npos) << r.out;
+  const auto a = metrics(full), b = metrics(killed);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t s = 0; s < 6; ++s)
+    EXPECT_EQ(a[s]["loss"].get<double>(), b[s]["loss"].get<double>()) << "step " << s + 1;
+}
+
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_bad_layout");

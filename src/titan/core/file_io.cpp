@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 #include <utility>
 
@@ -88,7 +90,13 @@ void fsync_dir(const std::string& dir) {
 bool pid_alive(int64_t pid) {
   if (pid <= 0 || pid > 0x3fffffff) return false;
   if (pid == ::getpid()) return true;
-  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
+  // A zombie (killed, not yet reaped: a job ended by mpirun whose processes wait for an init
+  // that reaps late) is dead: /proc/PID/stat's state, after the ")" that ends the name, is Z.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
 }
 
 bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid) {

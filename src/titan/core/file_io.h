@@ -31,7 +31,8 @@ void write_file_atomic(const std::string& path, std::initializer_list<std::strin
 // Makes renames inside dir durable (fsync of the directory). Best effort.
 void fsync_dir(const std::string& dir);
 
-// Whether process pid exists (kill(pid, 0); a process of another user counts as alive).
+// Whether process pid exists (kill(pid, 0); a process of another user counts as alive, a zombie
+// as dead).
 bool pid_alive(int64_t pid);
 
 // Splits "BASE.KIND-PID" (KIND: tmp, old or del; PID all digits). False for other names.
