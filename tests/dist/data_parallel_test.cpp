@@ -8,6 +8,10 @@
 // process with N microbatches of accumulation reads d0..d_{N−1} in its first step: the same
 // tokens, split differently.
 //
+// The MoE model has both load-balancing schemes on: torchtitan's expert bias (counts all-reduced
+// over the batch) and Transformers' auxiliary loss (each microbatch's own, averaged over every
+// microbatch of every rank, as one process averages its accumulated microbatches).
+//
 // Layouts: DDP 2, FSDP 2 (also over TCP, --mca btl tcp,self, as between machines), FSDP 4 and
 // HSDP 2×2. Also: a parallel layout that does not match the ranks, and an error on one rank that
 // must end the whole job (not leave the other rank waiting in a collective). Skipped where mpirun
@@ -77,7 +81,8 @@ std::string job(const std::string& docs, const std::string& dump, bool moe, int 
                   " --dump_folder " + dump;
   if (moe)
     a += " --config qwen3_debugmodel_moe --model.num_experts 4 --model.top_k 2"
-         " --model.moe_hidden_dim 16 --model.load_balance_coeff 0.001";
+         " --model.moe_hidden_dim 16 --model.load_balance_coeff 0.001"
+         " --model.router_aux_loss --model.router_aux_loss_coef 0.01";
   else
     a += " --config qwen3_debugmodel";
   return a;
@@ -95,7 +100,9 @@ void expect_same_training(const std::string& ref, const std::string& got, int st
   ASSERT_EQ(a.size(), static_cast<size_t>(steps));
   ASSERT_EQ(b.size(), static_cast<size_t>(steps));
   for (int s = 0; s < steps; ++s) {
-    for (const char* k : {"loss", "grad_norm"}) {
+    for (const char* k : {"loss", "grad_norm", "aux_loss"}) {
+      ASSERT_EQ(a[s].contains(k), b[s].contains(k)) << k;
+      if (!a[s].contains(k)) continue;  // aux_loss: MoE only
       const double x = a[s][k], y = b[s][k];
       EXPECT_NEAR(y, x, 1e-5 * std::fabs(x)) << k << " at step " << s + 1;
     }

@@ -75,10 +75,6 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.log_overrides = false;
   const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
   const int64_t dp = dims_.batch();  // data-parallel degree: ranks reading different data
-  check(dp == 1 || !shape->aux_loss_coef(),
-        "model.router_aux_loss with data parallelism is not implemented yet (Transformers' "
-        "auxiliary loss pools router statistics over the whole batch); train without it "
-        "(torchtitan's load_balance_coeff works) or in one process");
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
   check(global % (t.local_batch_size * dp) == 0,
         "training.global_batch_size must be a multiple of local_batch_size × data-parallel degree");
@@ -185,8 +181,12 @@ StepResult Trainer::step() {
   r.valid_tokens = valid;
   const float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
 
+  // The auxiliary loss of each microbatch (Transformers' statistics over its tokens); the step's
+  // term is the mean over every microbatch of every data-parallel rank, as one process with
+  // the same microbatches accumulated has it.
+  const int64_t microbatches = grad_accum_ * dims_.batch();
   double loss_sum = 0, aux_sum = 0;
-  const float aux_weight = 1.0f / static_cast<float>(grad_accum_);  // the step's aux term: mean
+  const float aux_weight = 1.0f / static_cast<float>(microbatches);
   for (int64_t a = 0; a < grad_accum_; ++a) {
     models::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
                     labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
@@ -195,10 +195,11 @@ StepResult Trainer::step() {
   }
   test::kill_point("step:backward");
   mesh_.batch->all_reduce(&loss_sum, 1);
+  mesh_.batch->all_reduce(&aux_sum, 1);
   tokens_seen_ += grad_accum_ * mb_tokens * dims_.batch();
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
   if (const auto coef = model_->aux_loss_coef()) {
-    r.aux_loss = aux_sum / static_cast<double>(grad_accum_);
+    r.aux_loss = aux_sum / static_cast<double>(microbatches);
     r.loss += *coef * r.aux_loss;
   }
   for (const auto& load : model_->expert_load()) {
