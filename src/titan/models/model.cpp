@@ -10,6 +10,20 @@ const ParamInfo& Model::param(const std::string& fqn) const {
   throw Error("no parameter named '" + fqn + "' in the model");
 }
 
+std::vector<ParamUnit> Model::param_units() const {
+  std::vector<ParamUnit> u;
+  for (const auto& p : params()) {
+    if (p.alias) continue;
+    const auto g = static_cast<size_t>(p.group);
+    if (u.size() <= g) u.resize(g + 1, {p.offset, p.offset});
+    check(u[g].begin == u[g].end || u[g].end == p.offset,
+          "parameter '" + p.fqn + "' does not follow the others of its group in the flat buffer");
+    if (u[g].begin == u[g].end) u[g].begin = p.offset;
+    u[g].end = p.offset + p.numel;
+  }
+  return u;
+}
+
 AcPolicy AcPolicy::from_config(const std::string& mode, const std::string& option) {
   AcPolicy p;
   if (mode == "full") {

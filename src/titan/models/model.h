@@ -95,6 +95,29 @@ struct TensorSize {
   }
 };
 
+// FSDP units (torchtitan's fully_shard of each block): the parameters fall into units, each a
+// consecutive range of the flat buffers: the token embedding (unit 0), each decoder layer
+// (1..L), the head (L+1: final norm and an untied lm_head; a tied lm_head is unit 0's storage).
+struct ParamUnit {
+  int64_t begin = 0, end = 0;
+};
+
+// What a trainer that shards the parameters (train/fsdp.h) learns of their use. The model calls
+// these around every use of a unit; without hooks its parameters are always whole. The model
+// knows nothing of ranks: the hooks gather and reshard.
+class ParamHooks {
+ public:
+  virtual ~ParamHooks() = default;
+  // Unit u's parameters are about to be read, in the forward or (backward = true) in the backward
+  // (a recomputation included); they must be whole in param_data() when this returns.
+  virtual void acquire(int64_t u, bool backward) = 0;
+  // This pass is done with them (their last use in the forward, or in the backward).
+  virtual void release(int64_t u, bool backward) = 0;
+  // Unit u's gradients of this microbatch are complete in grad_data(); the hook may take them
+  // away, leaving zeros.
+  virtual void grads_ready(int64_t u) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -108,6 +131,11 @@ class Model {
   virtual float* param_data() = 0;
   virtual const float* param_data() const = 0;
   virtual float* grad_data() = 0;
+  // The units (above), from params()' groups; and the writable parameters of unit u only (what
+  // the hooks gather into: a compute copy is remade for that unit alone).
+  std::vector<ParamUnit> param_units() const;
+  virtual float* unit_param_data(int64_t /*u*/) { return param_data(); }
+  void set_param_hooks(ParamHooks* h) { hooks_ = h; }
   // The persistent buffers, writable through data.
   virtual std::vector<BufferInfo> buffers() const = 0;
   const ParamInfo& param(const std::string& fqn) const;  // throws titan::Error when absent
@@ -154,6 +182,9 @@ class Model {
   // config.json for this model, starting from `base` (the source model's, or empty) so that
   // fields titan does not model are kept; dtype is the export dtype's torch name.
   virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;
+
+ protected:
+  ParamHooks* hooks_ = nullptr;
 };
 
 }  // namespace titan::models

@@ -106,6 +106,8 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   }
   num_params_ = off;
   wb_base_ = bf16_ && !a_.tie_embeddings ? V * D : 0;  // an untied embedding is only looked up
+  units_ = param_units();
+  stale_.assign(units_.size(), 1);
 
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
@@ -297,7 +299,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std) {
-  copy_stale_ = true;
+  mark_stale();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
     if (p.alias) continue;
@@ -442,11 +444,8 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   const int64_t T = b.B * b.S, D = a_.dim, V = a_.vocab_size;
   const float eps = a_.norm_eps;
   float* P = params_buf_.data();
-  if (bf16_ && copy_stale_) {  // the compute copy of weights that changed
-    be_.to_bf16(P + wb_base_, num_params_ - wb_base_, wb_.data());
-    copy_stale_ = false;
-  }
   float* G = grads_buf_.data();
+  const int64_t head = a_.n_layers + 1;  // the head's unit; a tied lm_head also reads unit 0
   const ops::NormRows rows{T, 1, D, D, D};
   be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
 
@@ -457,15 +456,26 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     std::fill(aux_hits_.begin(), aux_hits_.end(), 0.0);
     std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
   }
+  acquire(0, false);
   be_.embedding_fwd(b.input, T, P + tok_emb_, V, D, saved_[0].x);
+  release(0, false);
   for (int64_t l = 0; l < a_.n_layers; ++l) {
+    acquire(l + 1, false);
     layer_forward(l, b, l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_, backward);
+    release(l + 1, false);
     if (aux && layers_[l].moe >= 0) aux_accumulate(l, T);
   }
   if (aux) aux_finish(T, backward, aux_weight);
+  acquire(head, false);
+  if (a_.tie_embeddings) acquire(0, false);
+  auto release_head = [&](bool bwd) {
+    release(head, bwd);
+    if (a_.tie_embeddings) release(0, bwd);
+  };
   be_.rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
   if (logits_out) {
     linear(xf_, lm_head_, logits_out, T, D, V);
+    release_head(false);
     return {};
   }
   const float gs = backward ? grad_scale : 0.0f;
@@ -476,11 +486,18 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
                                                       loss_chunk_rows_, gs, dh, dw, loss_scratch_)
                                 : be_.lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V,
                                                  loss_chunk_rows_, gs, dh, dw, loss_scratch_);
-  if (!backward) return loss;
+  if (!backward) {
+    release_head(false);
+    return loss;
+  }
 
-  // ---------------- backward (dx_ = dL/d(residual stream) flowing down)
+  // ---------------- backward (dx_ = dL/d(residual stream) flowing down); the head's forward
+  // and backward are one use of its unit
   be_.rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, G + norm_, norm_scratch_);
+  release_head(true);
+  grads_ready(head);
   for (int64_t l = a_.n_layers - 1; l >= 0; --l) {
+    acquire(l + 1, true);
     // Activation checkpointing: a fully checkpointed block runs its forward again from its saved
     // input (into the shared buffers; the output is not needed); with "op", the norms, RoPE and
     // SwiGLU are recomputed from the kept GEMM and attention outputs. Same kernels, same inputs:
@@ -491,9 +508,22 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
       recompute_cheap(l, b);
     }
     layer_backward(l, b);
+    release(l + 1, true);
+    grads_ready(l + 1);
   }
-  be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);
+  be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);  // reads no weights
+  grads_ready(0);
   return loss;
+}
+
+void Qwen3Model::acquire(int64_t u, bool backward) {
+  if (hooks_) hooks_->acquire(u, backward);
+  const auto i = static_cast<size_t>(u);
+  if (bf16_ && stale_[i]) {  // the unit's compute copy, remade after its weights changed
+    const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
+    if (lo < hi) be_.to_bf16(params_buf_.data() + lo, hi - lo, wb_.data() + (lo - wb_base_));
+  }
+  stale_[i] = 0;
 }
 
 namespace {
@@ -661,7 +691,7 @@ double Qwen3Model::flops_per_token(int64_t seq_len) const {
 std::vector<models::HfTensor> Qwen3Model::hf_tensors() const { return qwen3::hf_tensors(*this); }
 
 void Qwen3Model::load_hf(const TensorSource& src, const std::string& where) {
-  copy_stale_ = true;
+  mark_stale();
   load_hf_weights(*this, src, where);
 }
 

@@ -67,7 +67,11 @@ class Qwen3Model final : public models::Model {
   int64_t compute_copy_bytes() const override { return bf16_ ? 2 * (num_params_ - wb_base_) : 0; }
   // The writable master weights; in bf16 the compute copy is remade before the next forward.
   float* param_data() override {
-    copy_stale_ = true;
+    mark_stale();
+    return params_buf_.data();
+  }
+  float* unit_param_data(int64_t u) override {
+    stale_[static_cast<size_t>(u)] = 1;
     return params_buf_.data();
   }
   const float* param_data() const override { return params_buf_.data(); }
@@ -151,18 +155,28 @@ class Qwen3Model final : public models::Model {
   void linear_back(const float* dy, const float* x, int64_t w, float* dx, int64_t M, int64_t in,
                    int64_t out);
   const uint16_t* weight_bf16(int64_t offset) const { return wb_.data() + (offset - wb_base_); }
+  // A unit's use (models::ParamHooks): acquire also remakes its stale compute copy.
+  void acquire(int64_t u, bool backward);
+  void release(int64_t u, bool backward) {
+    if (hooks_) hooks_->release(u, backward);
+  }
+  void grads_ready(int64_t u) {
+    if (hooks_) hooks_->grads_ready(u);
+  }
+  void mark_stale() { std::fill(stale_.begin(), stale_.end(), 1); }
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
   // Fills sizes_ (the size table) and, per entry, the member pointer it is carved into.
   void declare_tensors(std::vector<void**>* slots);
 
   Qwen3Args a_;
-  const ops::Backend& be_;           // the kernels (cpu/float32 or cpu/bfloat16)
-  bool bf16_ = false;                // mixed precision: GEMMs on the bf16 weight copy
-  Buffer<uint16_t> wb_;              // the bf16 copy of parameters [wb_base_, num_params_)
-  int64_t wb_base_ = 0;              // an untied embedding (the parameters before it) has no copy
-  bool copy_stale_ = true;           // the master weights changed since wb_ was made
-  uint16_t* lin_scratch_ = nullptr;  // bf16 GEMM operands of linear / linear_back
+  const ops::Backend& be_;  // the kernels (cpu/float32 or cpu/bfloat16)
+  bool bf16_ = false;       // mixed precision: GEMMs on the bf16 weight copy
+  Buffer<uint16_t> wb_;     // the bf16 copy of parameters [wb_base_, num_params_)
+  int64_t wb_base_ = 0;     // an untied embedding (the parameters before it) has no copy
+  std::vector<models::ParamUnit> units_;  // param_units()
+  std::vector<char> stale_;               // per unit: its weights changed since its wb_ was made
+  uint16_t* lin_scratch_ = nullptr;       // bf16 GEMM operands of linear / linear_back
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
   int64_t num_params_ = 0;
