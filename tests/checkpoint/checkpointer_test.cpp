@@ -104,18 +104,25 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
     m[static_cast<size_t>(i)] = 1e-3f * static_cast<float>(i % 977) - 0.3f;
     v[static_cast<size_t>(i)] = 1e-6f * static_cast<float>(i % 313);
   }
-  const std::vector<int64_t> counts{n / 3 + 5, n / 3 - 7, n - 2 * (n / 3) + 2};
+  // Rank 1 holds two segments split at a parameter's start (as an FSDP rank holds its block of
+  // every unit).
+  const int64_t c0 = n / 3 + 5, c1 = n / 3 - 7;
+  int64_t mid = c0 + c1;
+  for (const auto& p : model.params())
+    if (p.offset > c0 && p.offset < mid) mid = p.offset;
+  ASSERT_LT(mid, c0 + c1);
+  const std::vector<Segments> shards{
+      {{0, c0}}, {{c0, mid - c0}, {mid, c0 + c1 - mid}}, {{c0 + c1, n - c0 - c1}}};
   Checkpointer ck(c);
   TrainState st;
   st.step = 1;
   const std::string tmp = ck.sharded_begin(st.step);
   json sums = json::object();
-  int64_t off = 0;
   for (int64_t r = 0; r < 3; ++r) {
-    sums.update(ck.write_shard(tmp, r, counts, model, m.data() + off, v.data() + off));
-    off += counts[static_cast<size_t>(r)];
+    const int64_t off = shards[static_cast<size_t>(r)][0].begin;
+    sums.update(ck.write_shard(tmp, r, shards, model, nullptr, m.data() + off, v.data() + off));
   }
-  ck.sharded_commit(tmp, st, model, counts, sums);
+  ck.sharded_commit(tmp, st, model, shards, sums);
   const std::string step = dump + "/checkpoint/step-1";
   ASSERT_TRUE(fs::exists(step + "/" + kShardedIndexName));
   ASSERT_TRUE(fs::exists(step + "/shard-00002-of-00003.safetensors"));
@@ -129,7 +136,7 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
     for (int64_t len : split) {
       std::fill_n(model.param_data(), n, 7.0f);
       std::vector<float> m2(static_cast<size_t>(len), 9.0f), v2(m2.size(), 9.0f);
-      const auto loaded = Checkpointer(c).load(model, m2.data(), v2.data(), {begin, len});
+      const auto loaded = Checkpointer(c).load(model, m2.data(), v2.data(), {{begin, len}});
       ASSERT_TRUE(loaded.has_value());
       EXPECT_EQ(loaded->step, 1);
       EXPECT_EQ(std::memcmp(model.param_data(), w.data(), w.size() * 4), 0);

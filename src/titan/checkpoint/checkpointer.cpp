@@ -230,18 +230,24 @@ std::string shard_file_name(int64_t rank, int64_t shards) {
   return buf;
 }
 
-// A parameter's part of a flat range: elements [begin, end) of its flattened tensor.
+// A parameter's part of a shard: elements [begin, end) of its flattened tensor, at element `at`
+// of the shard's buffers.
 struct Slice {
   const models::ParamInfo* p;
-  int64_t begin, end;
+  int64_t begin, end, at;
 };
 
-// The slices of the (non-alias) parameters that flat range [lo, hi) holds.
-std::vector<Slice> slices_in(const models::Model& model, int64_t lo, int64_t hi) {
+// The slices of the (non-alias) parameters that the segments hold.
+std::vector<Slice> slices_in(const models::Model& model, const Segments& segs) {
   std::vector<Slice> r;
-  for (const auto& p : model.params()) {
-    const int64_t a = std::max(lo, p.offset), z = std::min(hi, p.offset + p.numel);
-    if (!p.alias && a < z) r.push_back({&p, a - p.offset, z - p.offset});
+  int64_t base = 0;
+  for (const FlatRange& sg : segs) {
+    for (const auto& p : model.params()) {
+      const int64_t a = std::max(sg.begin, p.offset),
+                    z = std::min(sg.begin + sg.len, p.offset + p.numel);
+      if (!p.alias && a < z) r.push_back({&p, a - p.offset, z - p.offset, base + a - sg.begin});
+    }
+    base += sg.len;
   }
   return r;
 }
@@ -584,7 +590,7 @@ void Checkpointer::clean_stale() {
 }
 
 std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
-                                             float* exp_avg_sq, FlatRange opt) {
+                                             float* exp_avg_sq, const Segments& opt) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
   if (k.enable) clean_stale();
@@ -651,9 +657,9 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
 }
 
 TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                   FlatRange opt, const std::string& dir, int64_t step) {
+                                   const Segments& segs, const std::string& dir, int64_t step) {
   const int64_t n = model.num_params();
-  if (opt.len < 0) opt = {0, n};
+  const Segments opt = segs.empty() ? Segments{{0, n}} : segs;
   const auto sums = precheck_dir(dir);
   std::error_code ec;
   if (fs::exists(fs::path(dir) / kShardedIndexName, ec)) {
@@ -661,10 +667,9 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
     TrainState st = read_train_state(dir, step);
     sharded.read_weights(model);
     // The moments' slices that overlap this rank's range.
-    for (const Slice& sl : slices_in(model, opt.begin, opt.begin + opt.len)) {
-      const int64_t at = sl.p->offset + sl.begin - opt.begin;
-      sharded.read("exp_avg." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg + at);
-      sharded.read("exp_avg_sq." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg_sq + at);
+    for (const Slice& sl : slices_in(model, opt)) {
+      sharded.read("exp_avg." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg + sl.at);
+      sharded.read("exp_avg_sq." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg_sq + sl.at);
     }
     log::info("Resuming from sharded checkpoint " + dir + " at step " + std::to_string(st.step));
     return st;
@@ -675,7 +680,7 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
   TrainState st = read_train_state(dir, step);
   read_weights(model, weights, dir, false, sums);
   // Whole tensors: into the caller's buffers when they hold everything, else through a full copy.
-  const bool whole = opt.begin == 0 && opt.len == n;
+  const bool whole = opt.size() == 1 && opt[0].begin == 0 && opt[0].len == n;
   std::vector<float> full_m(whole ? 0 : static_cast<size_t>(n)), full_v(full_m.size());
   float* m = whole ? exp_avg : full_m.data();
   float* v = whole ? exp_avg_sq : full_v.data();
@@ -687,8 +692,12 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
   }
   read_native(opt_set, moments, sums);
   if (!whole) {
-    std::copy_n(full_m.data() + opt.begin, opt.len, exp_avg);
-    std::copy_n(full_v.data() + opt.begin, opt.len, exp_avg_sq);
+    int64_t at = 0;
+    for (const FlatRange& sg : opt) {
+      std::copy_n(full_m.data() + sg.begin, sg.len, exp_avg + at);
+      std::copy_n(full_v.data() + sg.begin, sg.len, exp_avg_sq + at);
+      at += sg.len;
+    }
   }
   log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
   return st;
@@ -762,20 +771,18 @@ std::string Checkpointer::sharded_begin(int64_t step) {
 }
 
 json Checkpointer::write_shard(const std::string& tmp, int64_t rank,
-                               const std::vector<int64_t>& counts, const models::Model& model,
-                               const float* exp_avg, const float* exp_avg_sq) const {
-  int64_t lo = 0;
-  for (int64_t r = 0; r < rank; ++r) lo += counts[static_cast<size_t>(r)];
-  const int64_t hi = lo + counts[static_cast<size_t>(rank)];
-  const std::string name = shard_file_name(rank, static_cast<int64_t>(counts.size()));
+                               const std::vector<Segments>& shards, const models::Model& model,
+                               const float* params, const float* exp_avg,
+                               const float* exp_avg_sq) const {
+  const std::string name = shard_file_name(rank, static_cast<int64_t>(shards.size()));
   const std::string path = (fs::path(tmp) / name).string();
   std::vector<WriteTensor> tensors;
-  for (const Slice& sl : slices_in(model, lo, hi)) {
+  for (const Slice& sl : slices_in(model, shards[static_cast<size_t>(rank)])) {
     const std::vector<int64_t> shape{sl.end - sl.begin};
-    const int64_t at = sl.p->offset + sl.begin;
-    tensors.push_back({sl.p->fqn, DType::F32, shape, model.param_data() + at});
-    tensors.push_back({"exp_avg." + sl.p->fqn, DType::F32, shape, exp_avg + (at - lo)});
-    tensors.push_back({"exp_avg_sq." + sl.p->fqn, DType::F32, shape, exp_avg_sq + (at - lo)});
+    const float* w = params ? params + sl.at : model.param_data() + sl.p->offset + sl.begin;
+    tensors.push_back({sl.p->fqn, DType::F32, shape, w});
+    tensors.push_back({"exp_avg." + sl.p->fqn, DType::F32, shape, exp_avg + sl.at});
+    tensors.push_back({"exp_avg_sq." + sl.p->fqn, DType::F32, shape, exp_avg_sq + sl.at});
   }
   if (rank == 0)
     for (const auto& b : model.buffers())
@@ -786,25 +793,21 @@ json Checkpointer::write_shard(const std::string& tmp, int64_t rank,
 }
 
 void Checkpointer::sharded_commit(const std::string& tmp_dir, const TrainState& st,
-                                  const models::Model& model, const std::vector<int64_t>& counts,
+                                  const models::Model& model, const std::vector<Segments>& segs,
                                   const json& sums) {
   const fs::path tmp(tmp_dir), dst = fs::path(folder_) / step_name(st.step);
-  const int64_t shards = static_cast<int64_t>(counts.size());
+  const int64_t shards = static_cast<int64_t>(segs.size());
   try {
     json tensors = json::object();
     for (const auto& p : model.params())
       if (!p.alias)
         for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
           tensors[prefix + p.fqn] = {{"shape", p.shape}, {"slices", json::array()}};
-    int64_t lo = 0;
-    for (int64_t r = 0; r < shards; ++r) {
-      const int64_t hi = lo + counts[static_cast<size_t>(r)];
-      for (const Slice& sl : slices_in(model, lo, hi))
+    for (int64_t r = 0; r < shards; ++r)
+      for (const Slice& sl : slices_in(model, segs[static_cast<size_t>(r)]))
         for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
           tensors[prefix + sl.p->fqn]["slices"].push_back(
               json::array({shard_file_name(r, shards), sl.begin, sl.end}));
-      lo = hi;
-    }
     for (const auto& b : model.buffers())
       tensors[b.fqn] = {
           {"shape", b.shape},

@@ -65,11 +65,12 @@ struct TrainState {
   bool finished = false;
 };
 
-// A range of the flat parameter buffer (models::ParamInfo offsets): the AdamW state a rank holds.
-// len -1: the whole buffer.
+// A range of the flat parameter buffer (models::ParamInfo offsets). A rank's shard is a list of
+// them (FSDP: its block of every unit), its shard buffers their concatenation.
 struct FlatRange {
-  int64_t begin = 0, len = -1;
+  int64_t begin = 0, len = 0;
 };
+using Segments = std::vector<FlatRange>;
 
 inline constexpr const char* kShardedIndexName = "checkpoint.index.json";
 
@@ -79,10 +80,11 @@ class Checkpointer {
   explicit Checkpointer(const config::JobConfig& cfg);
 
   // Removes what killed runs left in the checkpoint folder (see above), then restores per the
-  // order above. exp_avg/exp_avg_sq: the optimizer state of the flat range `opt` (the whole
-  // buffer by default). Returns the train state when a run was resumed.
+  // order above: the whole parameters into the model, the optimizer state of the segments `opt`
+  // (empty: the whole buffer) into exp_avg/exp_avg_sq. Returns the train state when a run was
+  // resumed.
   std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                 FlatRange opt = {});
+                                 const Segments& opt = {});
 
   // Whether a save is due after `step` (enabled, and interval or last).
   bool due(int64_t step, bool last) const {
@@ -96,24 +98,25 @@ class Checkpointer {
   // A sharded save (the layout above), in the three parts the trainer calls around its
   // collectives. Rank 0: the fresh temporary folder of step-N.
   std::string sharded_begin(int64_t step);
-  // Every writer: its shard file in tmp (counts[r] = rank r's length of the flat buffer, ranges
-  // consecutive from 0); its exp_avg/exp_avg_sq hold its range. Returns the file's entry of
-  // checksums.json as {name: entry}.
+  // Every writer: its shard file in tmp (shards[r] = rank r's segments; params, exp_avg and
+  // exp_avg_sq hold this rank's, concatenated; params nullptr: the model's own, whole).
+  // Returns the file's entry of checksums.json as {name: entry}.
   nlohmann::json write_shard(const std::string& tmp, int64_t rank,
-                             const std::vector<int64_t>& counts, const models::Model& model,
-                             const float* exp_avg, const float* exp_avg_sq) const;
+                             const std::vector<Segments>& shards, const models::Model& model,
+                             const float* params, const float* exp_avg,
+                             const float* exp_avg_sq) const;
   // Rank 0, once every writer has finished: the index, train state and checksums (`sums`: the
   // writers' entries merged), then the rename to step-N and the purge of older steps. On failure
   // tmp is removed and titan::Error names the file.
   void sharded_commit(const std::string& tmp, const TrainState& st, const models::Model& model,
-                      const std::vector<int64_t>& counts, const nlohmann::json& sums);
+                      const std::vector<Segments>& shards, const nlohmann::json& sums);
 
   std::string folder() const { return folder_; }
 
  private:
   void purge();
   void clean_stale();
-  TrainState load_full(models::Model& model, float* exp_avg, float* exp_avg_sq, FlatRange opt,
+  TrainState load_full(models::Model& model, float* exp_avg, float* exp_avg_sq, const Segments& opt,
                        const std::string& dir, int64_t step);
   config::JobConfig cfg_;
   std::string folder_;

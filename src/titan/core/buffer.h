@@ -16,6 +16,11 @@
 
 namespace titan {
 
+// Zeroes x[0:n) and gives the whole memory pages inside it back to the OS (madvise
+// MADV_DONTNEED: they read as zeros and take memory again only when written); the partial pages
+// at either end are zeroed in place. How FSDP reshards a unit's parameters and gradients.
+void zero_and_release(float* x, int64_t n);
+
 class Storage {
  public:
   Storage() = default;

@@ -68,14 +68,15 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size : t.global_batch_size;
   const int64_t step_tokens = global * t.seq_len;
   MemoryPlan plan;
+  const std::string shard = "; this rank's 1/" + std::to_string(dp_shard) + " shard)";
+  const int64_t ps = (p + dp_shard - 1) / dp_shard;
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
-      {"parameters (fp32 master)", p},
-      {"gradients (fp32)", p},
-      {dp_shard > 1
-           ? "optimizer state (AdamW; fp32; this rank's 1/" + std::to_string(dp_shard) + " shard)"
-           : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
-       2 * ((p + dp_shard - 1) / dp_shard)},
+      {dp_shard > 1 ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
+      {dp_shard > 1 ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
+      {dp_shard > 1 ? "optimizer state (AdamW; fp32" + shard
+                    : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
+       2 * ps},
       {"saved activations (" + std::to_string(n_saved) + " tensors, AC " +
            models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
                                          cfg.activation_checkpoint.selective_ac_option)
@@ -85,10 +86,17 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
       {"workspaces (shared by the layers)", work},
       {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };
-  if (dp_shard > 1) {
-    plan.lines.push_back({"reduced gradient shard (fp32)", (p + dp_shard - 1) / dp_shard});
-    if (cfg.checkpoint.enable)  // the save gathers the whole optimizer state on every rank
-      plan.lines.push_back({"checkpoint save: gathered AdamW state (freed)", 2 * p});
+  if (dp_shard > 1) {  // FSDP (train/fsdp.h)
+    int64_t unit = 0;
+    for (const auto& u : m.param_units()) unit = std::max(unit, u.end - u.begin);
+    // In use at once: the unit being computed, the head group kept gathered, a gradient being
+    // reduce-scattered: bounded by three of the largest unit's weights and gradients.
+    plan.lines.push_back(
+        {"gathered units (fp32 weights and gradients in use, 3 x the largest unit)",
+         3 * 2 * 4 * unit});
+    // The model is built, initialized or loaded whole before the masters are sharded.
+    plan.lines.push_back(
+        {"start-up: whole weights and zeroed gradients before sharding (given back)", 2 * p});
   }
   if (bf16) {
     plan.lines.insert(plan.lines.begin() + 4,

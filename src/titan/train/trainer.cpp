@@ -112,29 +112,36 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.allocate = bo.log_overrides = true;
   model_ = models::build_model(cfg_, bo);
 
-  // This rank's shard of the flat parameters (FSDP: blocks of ceil(n / dp_shard); with one shard,
-  // everything) and its AdamW state.
-  const int64_t n = model_->num_params(), block = (n + dims_.dp_shard - 1) / dims_.dp_shard;
-  for (int64_t r = 0; r < dims_.dp_shard; ++r)
-    shard_counts_.push_back(std::clamp<int64_t>(n - r * block, 0, block));
-  shard_off_ = std::min(n, mesh_.fsdp_rank * block);
-  shard_len_ = shard_counts_[static_cast<size_t>(mesh_.fsdp_rank)];
-  m_.resize(shard_len_);
-  v_.resize(shard_len_);
-  if (dims_.sharded()) grad_shard_.resize(shard_len_);
+  // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
+  const int64_t n = model_->num_params();
+  if (dims_.sharded())
+    fsdp_ =
+        std::make_unique<Fsdp>(*model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward);
+  const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
+  m_.resize(shard_len);
+  v_.resize(shard_len);
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
   std::optional<ckpt::TrainState> loaded;
   // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
   // ranks read after it.
   if (!rank0()) dist::world().barrier();
   // Any checkpoint layout: the whole parameters, the optimizer state of this rank's shard.
-  loaded = checkpointer_->load(*model_, m_.data(), v_.data(), {shard_off_, shard_len_});
+  loaded = checkpointer_->load(
+      *model_, m_.data(), v_.data(),
+      fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{});
   if (rank0()) dist::world().barrier();
+  if (fsdp_) {  // the whole weights, initialized or loaded: keep this rank's shard
+    fsdp_->take_params_from_model();
+    model_->set_param_hooks(fsdp_.get());
+  }
   if (dims_.batch() > 1)
     log::info("Data parallelism: " + dims_.describe() + " over " +
               std::to_string(dist::world().size()) + " ranks (" + dist::world().backend() +
-              "); this rank's AdamW state: " + with_commas(shard_len_) + " of " + with_commas(n) +
-              " parameters");
+              "); this rank's master weights, gradients and AdamW state: " +
+              with_commas(shard_len) + " of " + with_commas(n) + " parameters" +
+              (fsdp_ ? ", parameters gathered unit by unit (reshard_after_forward " +
+                           cfg_.parallelism.fsdp_reshard_after_forward + ")"
+                     : std::string()));
   if (auto& st = loaded) {
     resumed_ = true;
     step_ = st->step;
@@ -166,7 +173,11 @@ StepResult Trainer::step() {
   const auto& t = cfg_.training;
   const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   StepResult r;
-  model_->zero_grad();
+  const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
+  if (fsdp_)
+    fsdp_->begin_step();  // the model's gradients are already zero (given back by each unit)
+  else
+    model_->zero_grad();
   r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
 
   // Pull every microbatch first and count the valid tokens of the whole step.
@@ -209,21 +220,17 @@ StepResult Trainer::step() {
                              *std::max_element(load.tokens->begin(), load.tokens->end())});
   }
   reduce_and_update(r);
+  step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
   return r;
 }
 
 void Trainer::reduce_and_update(StepResult& r) {
-  // Gradients: reduce-scatter within the replica's shard group, all-reduce across replicas (DDP:
-  // the shard is everything; one process: both groups are one rank and nothing moves).
-  const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
-  float* g = model_->grad_data();
-  float* shard_grad = g;
-  if (dims_.sharded()) {
-    mesh_.fsdp->reduce_scatter(g, grad_shard_.data(), shard_counts_);
-    shard_grad = grad_shard_.data();
-  }
-  mesh_.replicate->all_reduce(shard_grad, shard_len_);
-  double sq = optim::sum_squares(shard_grad, shard_len_);
+  // Gradients all-reduced across replicas (DDP: everything; FSDP/HSDP: the shard reduce-scattered
+  // within the replica during the backward; one process: nothing moves).
+  const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
+  float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->grad_data();
+  mesh_.replicate->all_reduce(shard_grad, len);
+  double sq = optim::sum_squares(shard_grad, len);
   mesh_.fsdp->all_reduce(&sq, 1);
   r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
@@ -234,6 +241,7 @@ void Trainer::reduce_and_update(StepResult& r) {
                   static_cast<long long>(step_ + 1), r.loss, r.grad_norm);
     // Before blaming the learning rate: are the weights themselves bad, or is this the first
     // step of the run (no update yet)?
+    if (fsdp_) fsdp_->gather_all();  // on every rank: the norm agreed
     const std::string bad = describe_nonfinite_weights(*model_);
     const std::string origin = resumed_ ? "the checkpoint resumed at step " +
                                               std::to_string(first_step_) + " (in " +
@@ -252,14 +260,13 @@ void Trainer::reduce_and_update(StepResult& r) {
       why = "lower optimizer.lr or check the data";
     throw Error(std::string(msg) + ": " + why);
   }
-  optim::clip_by_norm(shard_grad, shard_len_, r.grad_norm, cfg_.training.max_norm);
+  optim::clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
-  float* params = model_->param_data();
-  optim::adamw_step(params + shard_off_, shard_grad, m_.data(), v_.data(), shard_len_, adamw_,
-                    static_cast<float>(r.lr), step_);
-  mesh_.fsdp->all_gather(params, shard_counts_);  // every rank gets the updated parameters
-  step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
+  float* params = fsdp_ ? fsdp_->master() : model_->param_data();
+  optim::adamw_step(params, shard_grad, m_.data(), v_.data(), len, adamw_, static_cast<float>(r.lr),
+                    step_);
+  if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
 }
 
 nlohmann::json Trainer::data_settings() const {
@@ -345,17 +352,19 @@ void Trainer::maybe_checkpoint() {
     std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
     broadcast_string(dist::world(), &tmp, 0);
     if (mesh_.replicate_rank == 0) {
-      const nlohmann::json mine = checkpointer_->write_shard(tmp, mesh_.fsdp_rank, shard_counts_,
-                                                             *model_, m_.data(), v_.data());
+      const nlohmann::json mine = checkpointer_->write_shard(
+          tmp, mesh_.fsdp_rank, fsdp_->shards(), *model_, fsdp_->master(), m_.data(), v_.data());
       const nlohmann::json all = gather_json(*mesh_.fsdp, mine);
       if (rank0()) {
         nlohmann::json sums = nlohmann::json::object();
         for (const auto& entry : all) sums.update(entry);
-        checkpointer_->sharded_commit(tmp, st, *model_, shard_counts_, sums);
+        checkpointer_->sharded_commit(tmp, st, *model_, fsdp_->shards(), sums);
       }
     }
-  } else if (rank0()) {  // DDP or the model-only export: the whole state is on rank 0
-    checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+  } else {  // DDP, or the model-only export: rank 0 writes the whole state
+    if (fsdp_) fsdp_->gather_all();
+    if (rank0()) checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+    if (fsdp_) fsdp_->reshard_all();
   }
   dist::world().barrier();  // the step folder is committed before any rank goes on
 }
@@ -456,22 +465,32 @@ void Trainer::train() {
     }
   }
   if (dims_.batch() > 1 && step_ > first_step_) {
-    // Bytes this rank sent in the gradient reduction and the parameter gather, per step, against
-    // the ring-algorithm volume of the layout: reduce-scatter and all-gather each move
-    // (S−1)/S of the parameter bytes within a shard group of S, the all-reduce across R replicas
-    // 2·(R−1)/R of the shard's bytes (the norm's scalar is left out of the theory).
+    // Bytes this rank sent in the step's parameter gathers and gradient reductions, per step,
+    // against the ring-algorithm volume of the layout: FSDP's per-unit all-gathers and
+    // reduce-scatters within the shard group (Fsdp::theory_bytes_per_step), the all-reduce
+    // across R replicas 2·(R−1)/R of the shard's bytes (the norm's scalar is left out).
     const double steps = static_cast<double>(step_ - first_step_);
-    const double bytes = 4.0 * static_cast<double>(model_->num_params());
-    const double S = static_cast<double>(dims_.dp_shard),
-                 R = static_cast<double>(dims_.dp_replicate);
-    const double theory = 2.0 * (S - 1) / S * bytes + 2.0 * (R - 1) / R * bytes / S;
+    const double R = static_cast<double>(dims_.dp_replicate);
+    const double shard =
+        4.0 * static_cast<double>(fsdp_ ? fsdp_->shard_len() : model_->num_params());
+    const double theory =
+        (fsdp_ ? fsdp_->theory_bytes_per_step(grad_accum_) : 0.0) + 2.0 * (R - 1) / R * shard;
     const double sent = static_cast<double>(step_comm_bytes_) / steps;
-    char buf[256];
+    char buf[320];
     std::snprintf(buf, sizeof buf,
                   "Communication per step and rank (gradients and parameters): %.3f MiB sent, "
                   "%.3f MiB in theory for %s (ratio %.4f)",
                   sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
     log::info(buf);
+    if (fsdp_) {
+      std::snprintf(buf, sizeof buf,
+                    "FSDP: %.1f ms per step in parameter gathers and gradient reduce-scatters, "
+                    "none of it overlapped with compute (blocking collectives); resident memory "
+                    "now %.3f GiB",
+                    1e3 * fsdp_->comm_seconds() / steps,
+                    static_cast<double>(cpu::current_rss_bytes()) / (1024.0 * 1024.0 * 1024.0));
+      log::info(buf);
+    }
   }
   log::info("Training completed");
 }

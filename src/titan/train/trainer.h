@@ -17,6 +17,7 @@
 #include "titan/models/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/lr_schedule.h"
+#include "titan/train/fsdp.h"
 #include "titan/train/metrics.h"
 #include "titan/train/validator.h"
 
@@ -55,24 +56,23 @@ class Trainer {
   // Checks the resumed state's data settings against this run's, restores the loader.
   void resume_data(const ckpt::TrainState& st);
 
-  // Data parallelism: the step's gradient reduction (reduce-scatter within a replica's shards,
-  // all-reduce across replicas), the clipped AdamW update of this rank's shard and the
-  // all-gather of the updated parameters. With one process every group has one rank.
+  // Data parallelism: the step's gradient reduction across replicas (all-reduce; FSDP has
+  // reduce-scattered each unit's gradient within the replica during the backward), the global
+  // norm, clipping and the AdamW update of this rank's shard (FSDP) or of everything. With one
+  // process every group has one rank.
   void reduce_and_update(StepResult& r);
   bool rank0() const { return dist::world().rank() == 0; }
 
   config::JobConfig cfg_;
   dist::ParallelDims dims_;
   dist::Meshes mesh_;
-  int64_t shard_off_ = 0, shard_len_ = 0;  // this rank's range of the flat parameters
-  std::vector<int64_t> shard_counts_;      // every fsdp rank's shard length
-  Buffer<float> grad_shard_;               // the reduced gradient of this rank's shard
-  int64_t step_comm_bytes_ = 0;            // sent by reduce_and_update since this process began
+  int64_t step_comm_bytes_ = 0;  // sent by the step's fsdp/replicate collectives so far
   std::unique_ptr<models::Model> model_;
+  std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;
   std::unique_ptr<Validator> validator_;  // when validator.enable
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
-  Buffer<float> m_, v_;                         // AdamW state of this rank's shard
+  Buffer<float> m_, v_;                         // AdamW state of this rank's shard (or all)
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
   optim::AdamWConfig adamw_;
   optim::LRSchedule sched_;

@@ -1,0 +1,84 @@
+// FSDP (torchtitan's FSDP2, ZeRO-3) over one replica's shard group: the model's parameter units
+// (models/model.h: the embedding, each decoder layer, the head) sharded across the S ranks of
+// the fsdp mesh, installed as the model's ParamHooks, so the model stays free of parallelism.
+//
+// Rank r owns block r of every unit's flat range (blocks of ceil(len / S) elements, the last
+// shorter or empty): the fp32 master parameters, the reduced gradient and (the trainer's) AdamW
+// state of those elements, in shard buffers that concatenate its blocks unit by unit.
+//   acquire(u)     all-gathers unit u into the model's flat parameter buffer (fp32) before use;
+//   release(u)     reshards it (zeros, memory pages given back) after the backward always, after
+//                  the forward per fsdp_reshard_after_forward: "default"/"always" for the
+//                  decoder layers and an untied embedding; the head ([norm, lm_head], with the
+//                  embedding when tied) only for "always" (torchtitan's apply_fsdp);
+//   grads_ready(u) reduce-scatters unit u's gradient of the microbatch (fp32 sums, gradient
+//                  divide factor 1) into this rank's block (+=) and releases the full gradient.
+// Between steps nothing is gathered: after the optimizer updates the masters every unit is
+// resharded. The collectives are blocking (no prefetch yet): their time is counted, none of it
+// hidden behind compute.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "titan/checkpoint/checkpointer.h"
+#include "titan/core/buffer.h"
+#include "titan/dist/communicator.h"
+#include "titan/models/model.h"
+
+namespace titan::train {
+
+class Fsdp final : public models::ParamHooks {
+ public:
+  // reshard_after_forward: the config's "default" | "always" | "never".
+  Fsdp(models::Model& model, dist::Communicator& group, const std::string& reshard_after_forward);
+
+  // The segments of the flat buffer that rank r of the group owns (its shard buffers concatenate
+  // them): for the checkpoint index and the optimizer-state load.
+  const std::vector<ckpt::Segments>& shards() const { return shards_; }
+  int64_t shard_len() const { return shard_len_; }
+  float* master() { return master_.data(); }
+  float* grad_shard() { return grad_shard_.data(); }
+  // The largest unit: what one gathered unit adds to a rank's memory.
+  int64_t largest_unit() const { return largest_unit_; }
+
+  // After the model's weights were initialized or loaded whole: keep this rank's blocks as its
+  // masters, reshard everything (gradients too).
+  void take_params_from_model();
+  void begin_step() { grad_shard_.zero(); }
+  // The masters changed (optimizer step): every unit resharded.
+  void reshard_all();
+  // Every unit whole in the model (an export, the error path's weight check); reshard_all after.
+  void gather_all();
+
+  // Seconds and bytes (ring model) in this object's collectives since construction, and the
+  // bytes one step of `microbatches` microbatches moves per rank in theory under this policy.
+  double comm_seconds() const { return comm_seconds_; }
+  double theory_bytes_per_step(int64_t microbatches) const;
+
+  void acquire(int64_t u, bool backward) override;
+  void release(int64_t u, bool backward) override;
+  void grads_ready(int64_t u) override;
+
+ private:
+  struct Unit {
+    int64_t begin = 0, len = 0;
+    std::vector<int64_t> counts;  // every rank's block length
+    int64_t own = 0;              // this rank's block: flat offset begin + rank · block
+    int64_t at = 0;               // where it sits in the shard buffers
+    bool reshard_after_forward = true;
+    bool weights_in_backward = true;  // the head's backward is fused with its forward
+    bool gathered = false;
+  };
+  void reshard(Unit& u);
+
+  models::Model& model_;
+  dist::Communicator& group_;
+  std::vector<Unit> units_;
+  std::vector<ckpt::Segments> shards_;
+  bool tied_ = false;  // lm_head is the embedding's storage (unit 0 is in the head's group)
+  int64_t shard_len_ = 0, largest_unit_ = 0;
+  Buffer<float> master_, grad_shard_, scratch_;  // scratch_: one reduce-scattered block
+  double comm_seconds_ = 0;
+};
+
+}  // namespace titan::train
