@@ -340,6 +340,34 @@ TEST(DataParallelCheckpoint, RankKilledWhileSavingResumesFromTheLastCommittedSte
     EXPECT_EQ(a[s]["loss"].get<double>(), b[s]["loss"].get<double>()) << "step " << s + 1;
 }
 
+// Validation with data parallelism: each rank evaluates its own documents of the validation set
+// (through the sharded parameters) and the sums are all-reduced: the loss and token count of the
+// whole set equal one process's (which evaluates all 64 one-microbatch documents itself).
+TEST(DataParallelValidation, ShardedValidationEqualsOneProcess) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_validate");
+  const std::string docs = write_docs(dir);
+  const std::string v = " --validator.enable --validator.freq 2 --validator.dataset_path " + docs;
+  ShellRun r = sh(job(docs, dir + "/one", false, 2) + v + " --training.global_batch_size 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(mpirun(2) + job(docs, dir + "/fsdp2", false, 2) + v);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto validation = [](const std::string& dump) {
+    std::vector<nlohmann::json> rows;
+    for (const auto& j : metrics(dump))
+      if (j.contains("validation_loss")) rows.push_back(j);
+    return rows;
+  };
+  const auto a = validation(dir + "/one"), b = validation(dir + "/fsdp2");
+  ASSERT_EQ(a.size(), 2u);  // steps 1 and 2
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(a[i]["validation_tokens"], b[i]["validation_tokens"]);
+    const double x = a[i]["validation_loss"], y = b[i]["validation_loss"];
+    EXPECT_NEAR(y, x, 1e-5 * std::fabs(x)) << "validation at step " << a[i]["step"];
+  }
+}
+
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_bad_layout");

@@ -451,7 +451,7 @@ void Trainer::train() {
     }
     maybe_checkpoint();
     if (validator_ && validator_->should_validate(step_)) {
-      const ValidationResult v = validator_->validate(*model_);
+      const ValidationResult v = validator_->validate(*model_, *mesh_.batch);
       ValidationMetrics vm;
       vm.step = step_;
       vm.loss = v.loss;
@@ -497,7 +497,7 @@ void Trainer::train() {
 
 ValidationResult Trainer::validate() {
   check(validator_ != nullptr, "validator.enable is off");
-  return validator_->validate(*model_);
+  return validator_->validate(*model_, *mesh_.batch);
 }
 
 }  // namespace titan::train

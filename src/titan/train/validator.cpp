@@ -66,25 +66,31 @@ Validator::Validator(const config::JobConfig& cfg, std::shared_ptr<const data::D
   check(freq_ > 0, "validator.freq must be positive");
 }
 
-ValidationResult Validator::validate(models::Model& model) const {
+ValidationResult Validator::validate(models::Model& model, dist::Communicator& batch) const {
   const double t0 = cpu::now_seconds();
   data::LoaderOptions lo;
   lo.batch = batch_;
   lo.seq_len = seq_len_;
   lo.shuffle = false;
   lo.repeat = false;
+  lo.dp_rank = batch.rank();
+  lo.dp_world = batch.size();
   data::PackedLoader loader(docs_, lo);
   const int64_t T = batch_ * seq_len_;
   std::vector<int32_t> in(T), lab(T), pos(T);
   ValidationResult r;
   double sum = 0;
   while (steps_ < 0 || r.batches < steps_) {
-    if (loader.next(in.data(), lab.data(), pos.data()) == 0) break;
+    int64_t out = loader.next(in.data(), lab.data(), pos.data()) == 0 ? 1 : 0;
+    batch.all_reduce(&out, 1, dist::ReduceOp::max);  // any rank out of data: all stop
+    if (out) break;
     ops::LossSum ls = model.forward_loss({batch_, seq_len_, in.data(), lab.data(), pos.data()});
     sum += ls.sum;
     r.tokens += ls.count;
     ++r.batches;
   }
+  batch.all_reduce(&sum, 1);
+  batch.all_reduce(&r.tokens, 1);
   check(r.tokens > 0, "validator.dataset_path '" + path_ + "' gives no complete row of " +
                           std::to_string(seq_len_) +
                           " tokens (training.seq_len); use a larger validation set");

@@ -4,12 +4,16 @@
 // its start without shuffling, at the training batch and sequence sizes; logged as
 // "validate step: N  loss: X  memory: ...  tps: ..." and as a JSONL record. The loss is the
 // token mean over every batch (the mean of per-batch means when the batches are full).
+// With data parallelism each rank of the batch group reads its own documents (r, r+N, ...), all
+// ranks run the same number of batches (they stop together when one has no full row left: the
+// forward may gather sharded parameters), and the sums are all-reduced.
 #pragma once
 #include <cstdint>
 #include <memory>
 
 #include "titan/config/job_config.h"
 #include "titan/data/dataset.h"
+#include "titan/dist/communicator.h"
 #include "titan/models/model.h"
 
 namespace titan::train {
@@ -30,7 +34,7 @@ void check_vocab_fits(const data::DocumentSet& d, int64_t model_vocab_size);
 struct ValidationResult {
   double loss = 0;
   int64_t tokens = 0;   // labels that counted
-  int64_t batches = 0;  // batches evaluated
+  int64_t batches = 0;  // batches evaluated (by this rank)
   double seconds = 0;
 };
 
@@ -39,7 +43,8 @@ class Validator {
   Validator(const config::JobConfig& cfg, std::shared_ptr<const data::DocumentSet> docs);
   bool should_validate(int64_t step) const { return step == 1 || step % freq_ == 0; }
   // Forward only; the model's parameters and gradients are untouched.
-  ValidationResult validate(models::Model& model) const;
+  // batch: the data-parallel group (the loss and token count are over all of it).
+  ValidationResult validate(models::Model& model, dist::Communicator& batch) const;
 
  private:
   std::shared_ptr<const data::DocumentSet> docs_;
