@@ -5,19 +5,45 @@
 
 namespace titan {
 
-void zero_and_release(float* x, int64_t n) {
-  if (n <= 0) return;
+void zero_and_release(void* p, size_t bytes) {
+  if (bytes == 0) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto lo = reinterpret_cast<uintptr_t>(x), hi = lo + static_cast<uintptr_t>(n) * 4;
+  const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + bytes;
   const uintptr_t a = (lo + page - 1) / page * page, z = hi / page * page;
   if (a >= z) {
-    std::memset(x, 0, static_cast<size_t>(n) * 4);
+    std::memset(p, 0, bytes);
     return;
   }
-  std::memset(x, 0, a - lo);
+  std::memset(p, 0, a - lo);
   std::memset(reinterpret_cast<void*>(z), 0, hi - z);
   if (::madvise(reinterpret_cast<void*>(a), z - a, MADV_DONTNEED) != 0)
     std::memset(reinterpret_cast<void*>(a), 0, z - a);  // still zero, just not given back
+}
+
+void Storage::release() {
+  if (mapped_)
+    ::munmap(p_, mapped_);
+  else
+    std::free(p_);
+  p_ = nullptr;
+  nbytes_ = mapped_ = 0;
+}
+
+void Storage::resize(size_t nbytes) {
+  release();
+  if (nbytes == 0) return;
+  const size_t padded = (nbytes + 63) / 64 * 64;
+  if (padded >= kMapBytes) {
+    void* p = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    p_ = p;
+    mapped_ = padded;
+  } else {
+    p_ = std::aligned_alloc(64, padded);
+    if (!p_) throw std::bad_alloc();
+    std::memset(p_, 0, padded);
+  }
+  nbytes_ = nbytes;
 }
 
 }  // namespace titan

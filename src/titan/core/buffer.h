@@ -19,7 +19,10 @@ namespace titan {
 // Zeroes x[0:n) and gives the whole memory pages inside it back to the OS (madvise
 // MADV_DONTNEED: they read as zeros and take memory again only when written); the partial pages
 // at either end are zeroed in place. How FSDP reshards a unit's parameters and gradients.
-void zero_and_release(float* x, int64_t n);
+void zero_and_release(void* p, size_t bytes);
+inline void zero_and_release(float* x, int64_t n) {
+  if (n > 0) zero_and_release(static_cast<void*>(x), static_cast<size_t>(n) * sizeof(float));
+}
 
 class Storage {
  public:
@@ -28,28 +31,24 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   Storage(Storage&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)) {}
+      : p_(std::exchange(o.p_, nullptr)),
+        nbytes_(std::exchange(o.nbytes_, 0)),
+        mapped_(std::exchange(o.mapped_, 0)) {}
   Storage& operator=(Storage&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(nbytes_, o.nbytes_);
+    std::swap(mapped_, o.mapped_);
     return *this;
   }
-  ~Storage() { std::free(p_); }
+  ~Storage() { release(); }
 
   // Reallocates to nbytes zeroed bytes (old contents dropped; freed before the new allocation).
-  // The allocation is padded to a multiple of 64 bytes, the padding zeroed too. Throws
-  // std::bad_alloc on failure, leaving the storage empty.
-  void resize(size_t nbytes) {
-    std::free(p_);
-    p_ = nullptr;
-    nbytes_ = 0;
-    if (nbytes == 0) return;
-    size_t padded = (nbytes + 63) / 64 * 64;
-    p_ = std::aligned_alloc(64, padded);
-    if (!p_) throw std::bad_alloc();
-    std::memset(p_, 0, padded);
-    nbytes_ = nbytes;
-  }
+  // The allocation is padded to a multiple of 64 bytes, the padding zeroed too. From kMapBytes
+  // on it is a fresh anonymous mapping, whose zero pages take memory only once written (FSDP's
+  // gradients and unit buffers stay unresident until used). Throws std::bad_alloc on failure,
+  // leaving the storage empty.
+  void resize(size_t nbytes);
+  static constexpr size_t kMapBytes = size_t{1} << 20;
   // Zeroes the first nbytes() bytes (not the padding).
   void zero() {
     if (nbytes_) std::memset(p_, 0, nbytes_);
@@ -60,8 +59,10 @@ class Storage {
   Device device() const { return Device::CPU; }
 
  private:
+  void release();
   void* p_ = nullptr;
   size_t nbytes_ = 0;
+  size_t mapped_ = 0;  // bytes mapped with mmap (0: aligned_alloc)
 };
 
 // n elements of T in one Storage. T is a trivially copyable element type (float, int32_t, ...).

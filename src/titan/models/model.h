@@ -111,8 +111,9 @@ class ParamHooks {
   // Unit u's parameters are about to be read, in the forward or (backward = true) in the backward
   // (a recomputation included); they must be whole in param_data() when this returns.
   virtual void acquire(int64_t u, bool backward) = 0;
-  // This pass is done with them (their last use in the forward, or in the backward).
-  virtual void release(int64_t u, bool backward) = 0;
+  // This pass is done with them (their last use in the forward, or in the backward). Returns
+  // whether they were resharded (the model then drops what it derived from them: a compute copy).
+  virtual bool release(int64_t u, bool backward) = 0;
   // Unit u's gradients of this microbatch are complete in grad_data(); the hook may take them
   // away, leaving zeros.
   virtual void grads_ready(int64_t u) = 0;
@@ -144,8 +145,8 @@ class Model {
   virtual int64_t vocab_size() const = 0;
 
   // Seeded init (torchtitan/HF: Linear and embeddings N(0, std), norms 1), independent of
-  // threads.
-  virtual void init_weights(uint64_t seed, float std = 0.02f) = 0;
+  // threads; unit >= 0: only that unit's tensors (the same values as a whole init gives them).
+  virtual void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) = 0;
   virtual void zero_grad() = 0;
 
   // ---- compute

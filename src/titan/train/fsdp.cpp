@@ -49,13 +49,21 @@ void Fsdp::reshard(Unit& u) {
   u.gathered = false;
 }
 
+void Fsdp::take_unit(Unit& u) {
+  const float* P = model_.param_data();
+  std::copy_n(P + u.own, u.counts[static_cast<size_t>(group_.rank())], master_.data() + u.at);
+  reshard(u);
+  zero_and_release(model_.grad_data() + u.begin, u.len);
+}
+
 void Fsdp::take_params_from_model() {
-  const int64_t rank = group_.rank();
-  for (auto& u : units_) {
-    const float* P = model_.param_data();
-    std::copy_n(P + u.own, u.counts[static_cast<size_t>(rank)], master_.data() + u.at);
-    reshard(u);
-    zero_and_release(model_.grad_data() + u.begin, u.len);
+  for (auto& u : units_) take_unit(u);
+}
+
+void Fsdp::init_unit_by_unit(uint64_t seed) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    model_.init_weights(seed, 0.02f, static_cast<int64_t>(i));
+    take_unit(units_[i]);
   }
 }
 
@@ -79,9 +87,11 @@ void Fsdp::acquire(int64_t i, bool /*backward*/) {
   comm_seconds_ += cpu::now_seconds() - t0;
 }
 
-void Fsdp::release(int64_t i, bool backward) {
+bool Fsdp::release(int64_t i, bool backward) {
   Unit& u = units_[static_cast<size_t>(i)];
-  if (u.gathered && (backward || u.reshard_after_forward)) reshard(u);
+  if (!u.gathered || !(backward || u.reshard_after_forward)) return false;
+  reshard(u);
+  return true;
 }
 
 void Fsdp::grads_ready(int64_t i) {

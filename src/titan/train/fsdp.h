@@ -41,9 +41,12 @@ class Fsdp final : public models::ParamHooks {
   // The largest unit: what one gathered unit adds to a rank's memory.
   int64_t largest_unit() const { return largest_unit_; }
 
-  // After the model's weights were initialized or loaded whole: keep this rank's blocks as its
-  // masters, reshard everything (gradients too).
+  // After the model's weights were loaded whole: keep this rank's blocks as its masters, reshard
+  // everything (gradients too).
   void take_params_from_model();
+  // A fresh model: each unit initialized (Model::init_weights, the values a whole init gives),
+  // its block kept, resharded, one unit at a time, so the whole weights never exist here.
+  void init_unit_by_unit(uint64_t seed);
   void begin_step() { grad_shard_.zero(); }
   // The masters changed (optimizer step): every unit resharded.
   void reshard_all();
@@ -56,7 +59,7 @@ class Fsdp final : public models::ParamHooks {
   double theory_bytes_per_step(int64_t microbatches) const;
 
   void acquire(int64_t u, bool backward) override;
-  void release(int64_t u, bool backward) override;
+  bool release(int64_t u, bool backward) override;
   void grads_ready(int64_t u) override;
 
  private:
@@ -70,6 +73,7 @@ class Fsdp final : public models::ParamHooks {
     bool gathered = false;
   };
   void reshard(Unit& u);
+  void take_unit(Unit& u);
 
   models::Model& model_;
   dist::Communicator& group_;

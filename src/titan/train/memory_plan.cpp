@@ -87,20 +87,28 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
       {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };
   if (dp_shard > 1) {  // FSDP (train/fsdp.h)
-    int64_t unit = 0;
-    for (const auto& u : m.param_units()) unit = std::max(unit, u.end - u.begin);
-    // In use at once: the unit being computed, the head group kept gathered, a gradient being
-    // reduce-scattered: bounded by three of the largest unit's weights and gradients.
-    plan.lines.push_back(
-        {"gathered units (fp32 weights and gradients in use, 3 x the largest unit)",
-         3 * 2 * 4 * unit});
-    // The model is built, initialized or loaded whole before the masters are sharded.
-    plan.lines.push_back(
-        {"start-up: whole weights and zeroed gradients before sharding (given back)", 2 * p});
+    // Whole at once: the head's group (kept gathered through the step by default; a tied
+    // embedding's gradient lives from the head's backward to the embedding's) and the unit being
+    // computed, weights and gradients (and their bf16 copy).
+    const auto units = m.param_units();
+    int64_t head = units.back().end - units.back().begin, other = 0;
+    bool tied = false;
+    for (const auto& q : m.params()) tied = tied || q.alias;
+    if (tied) head += units[0].end - units[0].begin;
+    for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i)
+      other = std::max(other, units[i].end - units[i].begin);
+    plan.lines.push_back({bf16 ? "gathered: head group + largest unit (fp32 w+g, bf16)"
+                               : "gathered: head group + largest unit (fp32 w+g)",
+                          (bf16 ? 10 : 8) * (head + other)});
+    // A checkpoint or initial weights are loaded whole before the masters are sharded.
+    const auto& k = cfg.checkpoint;
+    if (k.enable || !k.initial_load_path.empty() || k.initial_load_in_hf)
+      plan.lines.push_back({"loading weights: whole before sharding (given back)", p});
   }
   if (bf16) {
-    plan.lines.insert(plan.lines.begin() + 4,
-                      {"bf16 compute copy of the weights", m.compute_copy_bytes()});
+    if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line
+      plan.lines.insert(plan.lines.begin() + 4,
+                        {"bf16 compute copy of the weights", m.compute_copy_bytes()});
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
     // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.
     if (!ops::bf16_gemm_native())

@@ -110,6 +110,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
   bo.allocate = bo.log_overrides = true;
+  bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
   model_ = models::build_model(cfg_, bo);
 
   // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
@@ -130,8 +131,12 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
       *model_, m_.data(), v_.data(),
       fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{});
   if (rank0()) dist::world().barrier();
-  if (fsdp_) {  // the whole weights, initialized or loaded: keep this rank's shard
-    fsdp_->take_params_from_model();
+  if (fsdp_) {  // keep this rank's shard of the weights loaded whole, or initialize unit-wise
+    const auto& k = cfg_.checkpoint;
+    if (loaded || !k.initial_load_path.empty() || k.initial_load_in_hf)
+      fsdp_->take_params_from_model();
+    else
+      fsdp_->init_unit_by_unit(bo.seed);
     model_->set_param_hooks(fsdp_.get());
   }
   if (dims_.batch() > 1)

@@ -298,11 +298,11 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
   }
 }
 
-void Qwen3Model::init_weights(uint64_t seed, float std) {
+void Qwen3Model::init_weights(uint64_t seed, float std, int64_t unit) {
   mark_stale();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
-    if (p.alias) continue;
+    if (p.alias || (unit >= 0 && p.group != unit)) continue;
     float* w = params_buf_.data() + p.offset;
     if (p.shape.size() == 1) {
       std::fill_n(w, p.numel, 1.0f);  // RMSNorm weights
@@ -514,6 +514,16 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);  // reads no weights
   grads_ready(0);
   return loss;
+}
+
+void Qwen3Model::release(int64_t u, bool backward) {
+  if (!hooks_ || !hooks_->release(u, backward)) return;
+  // Resharded: the unit's compute copy goes too, remade at its next use.
+  const auto i = static_cast<size_t>(u);
+  const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
+  if (bf16_ && lo < hi)
+    zero_and_release(wb_.data() + (lo - wb_base_), 2 * static_cast<size_t>(hi - lo));
+  stale_[i] = 1;
 }
 
 void Qwen3Model::acquire(int64_t u, bool backward) {

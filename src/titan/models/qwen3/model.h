@@ -80,7 +80,7 @@ class Qwen3Model final : public models::Model {
 
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
   // draws from its own counter-based stream, so the result is independent of threads.
-  void init_weights(uint64_t seed, float std = 0.02f) override;
+  void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) override;
   void zero_grad() override { grads_buf_.zero(); }
 
   // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
@@ -157,9 +157,7 @@ class Qwen3Model final : public models::Model {
   const uint16_t* weight_bf16(int64_t offset) const { return wb_.data() + (offset - wb_base_); }
   // A unit's use (models::ParamHooks): acquire also remakes its stale compute copy.
   void acquire(int64_t u, bool backward);
-  void release(int64_t u, bool backward) {
-    if (hooks_) hooks_->release(u, backward);
-  }
+  void release(int64_t u, bool backward);
   void grads_ready(int64_t u) {
     if (hooks_) hooks_->grads_ready(u);
   }
