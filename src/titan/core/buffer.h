@@ -45,7 +45,8 @@ class Storage {
   // Reallocates to nbytes zeroed bytes (old contents dropped; freed before the new allocation).
   // The allocation is padded to a multiple of 64 bytes, the padding zeroed too. From kMapBytes
   // on it is a fresh anonymous mapping, whose zero pages take memory only once written (FSDP's
-  // gradients and unit buffers stay unresident until used). Throws std::bad_alloc on failure,
+  // gradients and unit buffers stay unresident until used), with transparent huge pages
+  // requested (MADV_HUGEPAGE: a unit gathered again faults in 2 MiB pages, not 4 KiB ones). Throws std::bad_alloc on failure,
   // leaving the storage empty.
   void resize(size_t nbytes);
   static constexpr size_t kMapBytes = size_t{1} << 20;
