@@ -4,7 +4,8 @@
 # 1. `bash scripts/train-default.sh` (install-deps, configure, build titan, a few training steps),
 # 2. the test command's install step (`bash scripts/install-deps.sh`, which must install nothing
 #    more by then), then the whole Release build that `scripts/test.sh` makes (tests, benchmarks,
-#    plugins) and a sanitizer-linked program (the ASan + UBSan half's toolchain).
+#    plugins), a sanitizer-linked program (the ASan + UBSan half's toolchain) and a libFuzzer
+#    target with the fuzz tree configured (scripts/fuzz.sh's toolchain).
 # The tested source is a fresh clone of this repository's committed HEAD: uncommitted files do
 # not leak in. Needs root, mount and chroot; the pristine root is cached (TITAN_FRESH_ROOT_CACHE,
 # default /var/cache/titan/bookworm-minbase) and copied for each run into a folder that is
@@ -262,5 +263,16 @@ begin "README command 2: ASan + UBSan toolchain (a sanitized program builds and 
 run_in_root 'd=$(mktemp -d) && echo "int main() { int a[2] = {0, 1}; return a[0]; }" > $d/a.cpp &&
   c++ -std=c++20 -fsanitize=address,undefined -fno-omit-frame-pointer $d/a.cpp -o $d/a &&
   ASAN_OPTIONS=detect_leaks=0 $d/a &&
+  rm -rf $d'
+ok
+
+# ---------------------------------------------------------------------------------------------
+begin "README command 2: libFuzzer toolchain (clang builds and runs a target; the fuzz tree configures)"
+# shellcheck disable=SC2016 # expanded inside the root
+run_in_root 'd=$(mktemp -d) && printf "%s\n" "#include <cstddef>" "#include <cstdint>" \
+    "extern \"C\" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }" > $d/f.cpp &&
+  clang++ -fsanitize=fuzzer,address,undefined $d/f.cpp -o $d/f && $d/f -runs=100 2> /dev/null &&
+  cmake -S . -B $d/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTITAN_FUZZ=ON \
+    -DTITAN_BUILD_TESTS=OFF -DTITAN_BUILD_BENCHMARKS=OFF > /dev/null &&
   rm -rf $d'
 ok

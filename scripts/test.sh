@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# README command 2: install what is missing, build, and run every test: the Release suite, then
-# the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# README command 2: install what is missing, build, and run every test: the Release suite, the
+# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, then every libFuzzer
+# target for a bounded time (TITAN_FUZZ_SECONDS each, default 30; scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -15,3 +16,5 @@ bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTITAN_SANIT
   -DTITAN_BUILD_BENCHMARKS=OFF
 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
+echo "== libFuzzer targets (${TITAN_FUZZ_SECONDS:-30} s each)"
+bash scripts/fuzz.sh "${TITAN_FUZZ_SECONDS:-30}"

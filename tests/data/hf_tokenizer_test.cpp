@@ -473,6 +473,10 @@ TEST(HfTokenizer, RefusesUnsupportedTokenizers) {
 
   dir.write("tokenizer.json", "{not json");
   EXPECT_NE(load_error(dir.path()).find("invalid JSON"), std::string::npos);
+  // Found by fuzz_tokenizer_json: a number too large for a double is nlohmann's out_of_range,
+  // not a parse_error; it ended the process (terminate) instead of this error.
+  dir.write("tokenizer.json", "{\"version\": 488888E8888888888863}");
+  EXPECT_NE(load_error(dir.path()).find("invalid JSON"), std::string::npos);
 }
 
 // A vocabulary id of 2e9 sized the decoder tables by it: std::bad_alloc (an internal error).

@@ -67,6 +67,12 @@ TEST(JsonLines, MalformedLineNamesFileAndLineOrIsSkippedAndCounted) {
   EXPECT_EQ(st.first_malformed, f + ":2");
   EXPECT_EQ(describe_problems(st, "text"),
             "skipped 2 malformed JSON line(s) (first at " + f + ":2)");
+
+  // A number past a double's range is nlohmann's out_of_range, not a parse_error (the same
+  // defect fuzz_tokenizer_json found in the tokenizer loader): a malformed line too.
+  const std::string g = write(d, "big.jsonl", "{\"text\": \"ok\", \"n\": 1e999}\n");
+  msg = error_of([&] { read_documents(opts("jsonl", g)); });
+  EXPECT_NE(msg.find(g + ":1: the line is malformed JSON"), std::string::npos) << msg;
 }
 
 TEST(JsonLines, MissingFieldNamesTheField) {

@@ -995,7 +995,7 @@ void HfTokenizer::Impl::apply_tokenizer_config(const fs::path& config_path) {
   ojson c;
   try {
     c = ojson::parse(read_file(config_path));
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {
     throw Error(file + ": invalid JSON (" + e.what() + ")");
   }
   if (!c.is_object()) throw Error(file + ": expected a JSON object");
@@ -1298,7 +1298,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir_or_file) {
   json j;
   try {
     j = json::parse(read_file(file));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw Error(where + ": invalid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw Error(where + ": expected a JSON object");

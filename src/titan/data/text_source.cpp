@@ -137,9 +137,11 @@ void parse_json_line(const std::string& line, const std::string& file, int64_t l
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    check(o.skip_malformed, where(file, lineno) + ": the line is malformed JSON (error at byte " +
-                                std::to_string(e.byte) + ")" + skip_hint(o, "line"));
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (1e999)
+    const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+    check(o.skip_malformed, where(file, lineno) + ": the line is malformed JSON (" +
+                                (pe ? "error at byte " + std::to_string(pe->byte) : e.what()) +
+                                ")" + skip_hint(o, "line"));
     if (st->malformed++ == 0) st->first_malformed = where(file, lineno);
     return;
   }
@@ -153,8 +155,10 @@ void parse_json_array(const std::string& text, const std::string& file, const So
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(file + ": not valid JSON (error at byte " + std::to_string(e.byte) +
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (1e999)
+    const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+    throw Error(file + ": not valid JSON (" +
+                (pe ? "error at byte " + std::to_string(pe->byte) : std::string(e.what())) +
                 "); a .json dataset file holds one JSON array of records, or JSON lines");
   }
   for (size_t i = 0; i < j.size(); ++i)
