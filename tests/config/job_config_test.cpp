@@ -142,6 +142,21 @@ TEST(JobConfig, SavedConfigReadsBackIdentically) {
   EXPECT_EQ(to_string(a), to_string(b));
 }
 
+// debug.save_config_file goes through the checked, atomic writer: an unwritable path is one
+// error naming the field and the file (it was an unchecked rename of a ".tmp" file).
+TEST(JobConfig, SaveConfigFileFailureNamesTheField) {
+  register_builtin_configs();
+  const std::string out = "/nonexistent_dir_for_titan_test/saved.toml";
+  try {
+    build_job_config("qwen3_debugmodel", {"--debug.save_config_file", out});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("debug.save_config_file"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(out), std::string::npos) << msg;
+  }
+}
+
 TEST(JobConfig, TomlErrorsNameFileLineAndKey) {
   auto err = [](const std::string& text) {
     JobConfig c;

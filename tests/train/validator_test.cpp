@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,23 @@ TEST(Validator, LossIsTheTokenMeanOverTheWholeSet) {
   t1.step();
   EXPECT_EQ(t1.validate().batches, 1);
   EXPECT_DOUBLE_EQ(t1.validate().loss, first);
+}
+
+// A non-finite validation loss stops the run with the weights to blame named (it was logged as
+// "loss: nan" and training went on).
+TEST(Validator, NonFiniteLossIsAnErrorNamingTheWeights) {
+  config::JobConfig c = small();
+  c.validator.enable = true;
+  c.validator.dataset_path = validation_file("val_nan", 10);
+  Trainer t(c, docs());
+  t.step();
+  t.model().param_data()[t.model().param("norm.weight").offset] =
+      std::numeric_limits<float>::quiet_NaN();
+  const std::string msg = titan::testing::error_of([&] { t.validate(); });
+  EXPECT_NE(msg.find("step 1: the validation loss on validator.dataset_path"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("1 non-finite value(s) (the first in 'norm.weight')"), std::string::npos)
+      << msg;
 }
 
 TEST(Validator, DoesNotChangeTraining) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "toml++/toml.h"
 
 namespace titan::config {
@@ -417,19 +418,19 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   validate(c);
   if (check_model) check_model(c);
   if (!c.debug.save_config_file.empty()) {
-    const std::string tmp = c.debug.save_config_file + ".tmp";
-    {
-      // The resolved config: a job file it came from is already merged in, so the saved file
-      // names none (job files do not nest).
-      JobConfig saved = c;
-      saved.job.config_file.clear();
-      std::ofstream f(tmp);
-      if (!c.job.config_file.empty())
-        f << "# resolved config; includes the job file '" << c.job.config_file << "'\n";
-      f << to_string(saved);
-      check(f.good(), "cannot write debug.save_config_file '" + c.debug.save_config_file + "'");
+    // The resolved config: a job file it came from is already merged in, so the saved file names
+    // none (job files do not nest). Written through a temporary name, checked, then renamed.
+    JobConfig saved = c;
+    saved.job.config_file.clear();
+    const std::string head =
+        c.job.config_file.empty()
+            ? std::string()
+            : "# resolved config; includes the job file '" + c.job.config_file + "'\n";
+    try {
+      io::write_file_atomic(c.debug.save_config_file, {head, to_string(saved)});
+    } catch (const Error& e) {
+      throw Error(std::string("debug.save_config_file: ") + e.what());
     }
-    std::filesystem::rename(tmp, c.debug.save_config_file);
   }
   return c;
 }

@@ -456,7 +456,7 @@ void Trainer::train() {
     }
     maybe_checkpoint();
     if (validator_ && validator_->should_validate(step_)) {
-      const ValidationResult v = validator_->validate(*model_, *mesh_.batch);
+      const ValidationResult v = validate();
       ValidationMetrics vm;
       vm.step = step_;
       vm.loss = v.loss;
@@ -502,7 +502,18 @@ void Trainer::train() {
 
 ValidationResult Trainer::validate() {
   check(validator_ != nullptr, "validator.enable is off");
-  return validator_->validate(*model_, *mesh_.batch);
+  const ValidationResult v = validator_->validate(*model_, *mesh_.batch);
+  if (std::isfinite(v.loss)) return v;
+  // Not a number to log and train on: stop, saying whether the weights are to blame.
+  if (fsdp_) fsdp_->gather_all();  // on every rank: the loss is the same all-reduced value
+  const std::string bad = describe_nonfinite_weights(*model_);
+  if (fsdp_) fsdp_->reshard_all();
+  throw Error(
+      "step " + std::to_string(step_) + ": the validation loss on validator.dataset_path '" +
+      cfg_.validator.dataset_path + "' is not finite (" + std::to_string(v.loss) + "): " +
+      (bad.empty() ? "the weights are finite but give non-finite activations on this data "
+                     "(lower optimizer.lr, or look for extreme values in the data)"
+                   : "the weights hold " + bad + " (lower optimizer.lr or check the data)"));
 }
 
 }  // namespace titan::train

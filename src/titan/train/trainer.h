@@ -47,7 +47,8 @@ class Trainer {
   int64_t grad_accum_steps() const { return grad_accum_; }
   // Saves a checkpoint if one is due after the current step (train() calls it every step).
   void maybe_checkpoint();
-  // One validation now (validator.enable must be on); train() runs it when due.
+  // One validation now (validator.enable must be on); train() runs it when due. A non-finite
+  // validation loss is a titan::Error naming the non-finite weights, if any.
   ValidationResult validate();
 
  private:
