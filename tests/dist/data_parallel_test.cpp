@@ -340,6 +340,39 @@ TEST(DataParallelCheckpoint, RankKilledWhileSavingResumesFromTheLastCommittedSte
     EXPECT_EQ(a[s]["loss"].get<double>(), b[s]["loss"].get<double>()) << "step " << s + 1;
 }
 
+// A checkpoint of one process (whole tensors) resumed by FSDP 2 (read unit by unit, each rank
+// keeping its blocks and its slices of the moments) trains on like DDP 2 resuming it (whole
+// weights and moments on each rank): the same data order (both restart it), within 1e-5.
+TEST(DataParallelCheckpoint, OneProcessCheckpointLoadsUnitByUnitIntoFsdp) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_unit_load");
+  const std::string docs = write_docs(dir);
+  const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
+  ShellRun r = sh(job(docs, dir + "/one", false, 2) + keep + " --training.global_batch_size 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(fs::exists(dir + "/one/checkpoint/step-2/optimizer.safetensors"));
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const char* flags : {"",
+                            " --parallelism.data_parallel_replicate_degree 2"
+                            " --parallelism.data_parallel_shard_degree 1"}) {
+    const std::string other = dir + (*flags ? "/ddp2" : "/fsdp2");
+    fs::create_directories(other + "/checkpoint");
+    fs::copy(dir + "/one/checkpoint/step-2", other + "/checkpoint/step-2",
+             fs::copy_options::recursive);
+    r = sh(mpirun(2) + job(docs, other, false, 4) + keep + flags);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("Resuming from checkpoint"), std::string::npos) << r.out;
+    runs.push_back(metrics(other));
+  }
+  ASSERT_EQ(runs[0].size(), 2u);
+  ASSERT_EQ(runs[1].size(), 2u);
+  for (size_t s = 0; s < 2; ++s)
+    for (const char* k : {"loss", "grad_norm"}) {
+      const double x = runs[1][s][k], y = runs[0][s][k];
+      EXPECT_NEAR(y, x, 1e-5 * std::fabs(x)) << k << " at step " << s + 3;
+    }
+}
+
 // Validation with data parallelism: each rank evaluates its own documents of the validation set
 // (through the sharded parameters) and the sums are all-reduced: the loss and token count of the
 // whole set equal one process's (which evaluates all 64 one-microbatch documents itself).

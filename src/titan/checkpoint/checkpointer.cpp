@@ -258,6 +258,17 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// fn(p) for every (non-alias) parameter; with unit_done, unit by unit, unit_done(u) after each.
+template <typename Fn>
+void for_each_unit(const models::Model& model, const UnitDone& unit_done, Fn&& fn) {
+  const int64_t units = unit_done ? static_cast<int64_t>(model.param_units().size()) : 1;
+  for (int64_t u = 0; u < units; ++u) {
+    for (const auto& p : model.params())
+      if (!p.alias && (!unit_done || p.group == u)) fn(p);
+    if (unit_done) unit_done(u);
+  }
+}
+
 // A sharded step directory's index and its files, opened and checked against checksums.json.
 class ShardedDir {
  public:
@@ -341,11 +352,12 @@ class ShardedDir {
     }
   }
 
-  // The model's parameters (whole) and buffers (those the index has).
-  void read_weights(models::Model& model) const {
-    float* w = model.param_data();
-    for (const auto& p : model.params())
-      if (!p.alias) read(p.fqn, p.shape, 0, numel_of(p.shape), w + p.offset);
+  // The model's parameters (whole; unit by unit with unit_done) and buffers (those the index
+  // has).
+  void read_weights(models::Model& model, const UnitDone& unit_done = {}) const {
+    for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
+      read(p.fqn, p.shape, 0, numel_of(p.shape), model.param_data() + p.offset);
+    });
     for (const auto& b : model.buffers())
       if (has(b.fqn)) read(b.fqn, b.shape, 0, numel_of(b.shape), b.data);
   }
@@ -461,18 +473,23 @@ void read_native(const SafetensorsSet& set, const std::vector<Want>& wants,
   }
 }
 
-void read_weights(models::Model& model, const SafetensorsSet& set, const std::string& path, bool hf,
-                  const std::optional<std::map<std::string, FileSum>>& sums) {
-  if (hf) {
-    model.load_hf(set, path);
-    return;
-  }
+void check_params_present(const models::Model& model, const SafetensorsSet& set,
+                          const std::string& path) {
   std::vector<std::string> missing;
   for (const auto& p : model.params())
     if (!p.alias && !set.find(p.fqn)) missing.push_back(p.fqn);
   check(missing.empty(), path + ": native checkpoint lacks " + std::to_string(missing.size()) +
                              " parameter(s), e.g. '" + (missing.empty() ? "" : missing[0]) +
                              "'; for a Hugging Face directory set checkpoint.initial_load_in_hf");
+}
+
+void read_weights(models::Model& model, const SafetensorsSet& set, const std::string& path, bool hf,
+                  const std::optional<std::map<std::string, FileSum>>& sums) {
+  if (hf) {
+    model.load_hf(set, path);
+    return;
+  }
+  check_params_present(model, set, path);
   std::vector<Want> wants;
   for (const auto& p : model.params())
     if (!p.alias) wants.push_back({p.fqn, p.shape, model.param_data() + p.offset});
@@ -562,7 +579,7 @@ void Checkpointer::clean_stale() {
     int64_t pid = 0;
     const std::string name = e.path().filename().string();
     if (!io::parse_temp_name(name, &base, &kind, &pid) || parse_step(base) < 0 ||
-        io::pid_alive(pid))
+        io::owner_alive(pid, e.path().string()))
       continue;
     const fs::path step_dir = fs::path(folder_) / base;
     std::error_code rec;
@@ -590,7 +607,8 @@ void Checkpointer::clean_stale() {
 }
 
 std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
-                                             float* exp_avg_sq, const Segments& opt) {
+                                             float* exp_avg_sq, const Segments& opt,
+                                             const UnitDone& unit_done) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
   if (k.enable) clean_stale();
@@ -640,7 +658,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
       pick = &*full;
     }
     try {
-      return load_full(model, exp_avg, exp_avg_sq, opt, pick->path.string(), pick->step);
+      return load_full(model, exp_avg, exp_avg_sq, opt, unit_done, pick->path.string(), pick->step);
     } catch (const Error& e) {
       if (k.load_step >= 0) throw;
       throw Error(std::string(e.what()) + older_hint(dirs, pick->step));
@@ -657,7 +675,8 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
 }
 
 TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                   const Segments& segs, const std::string& dir, int64_t step) {
+                                   const Segments& segs, const UnitDone& unit_done,
+                                   const std::string& dir, int64_t step) {
   const int64_t n = model.num_params();
   const Segments opt = segs.empty() ? Segments{{0, n}} : segs;
   const auto sums = precheck_dir(dir);
@@ -665,7 +684,7 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
   if (fs::exists(fs::path(dir) / kShardedIndexName, ec)) {
     const ShardedDir sharded(dir, sums);
     TrainState st = read_train_state(dir, step);
-    sharded.read_weights(model);
+    sharded.read_weights(model, unit_done);
     // The moments' slices that overlap this rank's range.
     for (const Slice& sl : slices_in(model, opt)) {
       sharded.read("exp_avg." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg + sl.at);
@@ -678,27 +697,42 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
   SafetensorsSet opt_set = SafetensorsSet::open((fs::path(dir) / "optimizer.safetensors").string());
   verify_rest(dir, sums, {&weights, &opt_set});  // train_state.json
   TrainState st = read_train_state(dir, step);
-  read_weights(model, weights, dir, false, sums);
-  // Whole tensors: into the caller's buffers when they hold everything, else through a full copy.
   const bool whole = opt.size() == 1 && opt[0].begin == 0 && opt[0].len == n;
-  std::vector<float> full_m(whole ? 0 : static_cast<size_t>(n)), full_v(full_m.size());
-  float* m = whole ? exp_avg : full_m.data();
-  float* v = whole ? exp_avg_sq : full_v.data();
+  if (!whole || unit_done) {
+    // A shard of the state: every file checked first (one hashing pass over the mappings), then
+    // the weights copied unit by unit and only this rank's slices of the moments.
+    if (sums) {
+      std::map<std::string, Mapped> mapped;
+      for (const auto& [name, f] : files_in(dir, {&weights, &opt_set}))
+        mapped[name] = {f->bytes(), f->size()};
+      verify_checksums(dir, mapped);
+    }
+    check_params_present(model, weights, dir);
+    for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
+      weights.read_f32(p.fqn, p.shape, model.param_data() + p.offset);
+    });
+    for (const auto& b : model.buffers())
+      if (weights.find(b.fqn)) weights.read_f32(b.fqn, b.shape, b.data);
+    for (const Slice& sl : slices_in(model, opt))
+      for (const auto& [name, dst] : {std::pair{"exp_avg." + sl.p->fqn, exp_avg},
+                                      std::pair{"exp_avg_sq." + sl.p->fqn, exp_avg_sq}}) {
+        const TensorView* t = opt_set.find(name);
+        check(t != nullptr && t->dtype == DType::F32 && t->shape == sl.p->shape,
+              opt_set.path() + ": tensor '" + name + "' must be F32 of the parameter's shape");
+        std::memcpy(dst + sl.at, t->data + sl.begin * 4,
+                    static_cast<size_t>(sl.end - sl.begin) * sizeof(float));
+      }
+    log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
+    return st;
+  }
+  read_weights(model, weights, dir, false, sums);
   std::vector<Want> moments;
   for (const auto& p : model.params()) {
     if (p.alias) continue;
-    moments.push_back({"exp_avg." + p.fqn, p.shape, m + p.offset});
-    moments.push_back({"exp_avg_sq." + p.fqn, p.shape, v + p.offset});
+    moments.push_back({"exp_avg." + p.fqn, p.shape, exp_avg + p.offset});
+    moments.push_back({"exp_avg_sq." + p.fqn, p.shape, exp_avg_sq + p.offset});
   }
   read_native(opt_set, moments, sums);
-  if (!whole) {
-    int64_t at = 0;
-    for (const FlatRange& sg : opt) {
-      std::copy_n(full_m.data() + sg.begin, sg.len, exp_avg + at);
-      std::copy_n(full_v.data() + sg.begin, sg.len, exp_avg_sq + at);
-      at += sg.len;
-    }
-  }
   log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
   return st;
 }

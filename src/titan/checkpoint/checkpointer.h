@@ -44,6 +44,7 @@
 //     an error naming the file and the newest older complete step (--checkpoint.load_step K).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,9 @@ struct FlatRange {
   int64_t begin = 0, len = 0;
 };
 using Segments = std::vector<FlatRange>;
+// Called after each parameter unit's weights are loaded (models::ParamUnit index): a sharded
+// trainer takes its block and gives the rest back before the next unit is read.
+using UnitDone = std::function<void(int64_t unit)>;
 
 inline constexpr const char* kShardedIndexName = "checkpoint.index.json";
 
@@ -83,8 +87,10 @@ class Checkpointer {
   // order above: the whole parameters into the model, the optimizer state of the segments `opt`
   // (empty: the whole buffer) into exp_avg/exp_avg_sq. Returns the train state when a run was
   // resumed.
+  // With unit_done, a resumed checkpoint's weights are read unit by unit, unit_done called after
+  // each (initial weights are read whole).
   std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                 const Segments& opt = {});
+                                 const Segments& opt = {}, const UnitDone& unit_done = {});
 
   // Whether a save is due after `step` (enabled, and interval or last).
   bool due(int64_t step, bool last) const {
@@ -117,7 +123,7 @@ class Checkpointer {
   void purge();
   void clean_stale();
   TrainState load_full(models::Model& model, float* exp_avg, float* exp_avg_sq, const Segments& opt,
-                       const std::string& dir, int64_t step);
+                       const UnitDone& unit_done, const std::string& dir, int64_t step);
   config::JobConfig cfg_;
   std::string folder_;
 };

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -99,6 +100,41 @@ bool pid_alive(int64_t pid) {
   return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
 }
 
+namespace {
+// When process pid started (seconds since the epoch; -1 when unknown): /proc/PID/stat's field 22
+// (clock ticks after boot) plus /proc/stat's btime.
+double process_start_time(int64_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream fields(line.substr(paren + 2));  // field 3 (state) onwards
+  std::string f;
+  for (int i = 3; i < 22 && fields >> f;) ++i;
+  unsigned long long ticks = 0;
+  if (!(fields >> ticks)) return -1;
+  std::ifstream sys("/proc/stat");
+  for (std::string key; sys >> key;) {
+    if (key != "btime") continue;
+    long long btime = 0;
+    if (!(sys >> btime)) return -1;
+    return static_cast<double>(btime) +
+           static_cast<double>(ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
+  return -1;
+}
+}  // namespace
+
+bool owner_alive(int64_t pid, const std::string& path) {
+  if (!pid_alive(pid)) return false;
+  if (pid == ::getpid()) return true;
+  struct stat st;
+  const double start = process_start_time(pid);
+  if (start < 0 || ::stat(path.c_str(), &st) != 0) return true;  // cannot tell: keep it
+  // btime has whole seconds: 2 s of slack before calling the process younger than the file.
+  return start <= static_cast<double>(st.st_mtime) + 2.0;
+}
+
 bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid) {
   const size_t dash = name.rfind('-');
   if (dash == std::string::npos) return false;
@@ -123,7 +159,7 @@ int remove_stale_temps(const std::string& dir, const std::string& name) {
     std::string base, kind;
     int64_t pid = 0;
     if (!parse_temp_name(e.path().filename().string(), &base, &kind, &pid)) continue;
-    if (base != name || kind != "tmp" || pid_alive(pid)) continue;
+    if (base != name || kind != "tmp" || owner_alive(pid, e.path().string())) continue;
     std::error_code rec;
     if (fs::remove_all(e.path(), rec) > 0 && !rec) ++removed;
   }

@@ -34,6 +34,10 @@ void fsync_dir(const std::string& dir);
 // Whether process pid exists (kill(pid, 0); a process of another user counts as alive, a zombie
 // as dead).
 bool pid_alive(int64_t pid);
+// Whether the process that made `path` (a NAME.KIND-PID temporary) may still be running: pid is
+// alive and started no later than path was last modified. A PID reused by a process started
+// after the writer died does not keep its leftovers.
+bool owner_alive(int64_t pid, const std::string& path);
 
 // Splits "BASE.KIND-PID" (KIND: tmp, old or del; PID all digits). False for other names.
 bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid);

@@ -47,6 +47,9 @@ class Fsdp final : public models::ParamHooks {
   // A fresh model: each unit initialized (Model::init_weights, the values a whole init gives),
   // its block kept, resharded, one unit at a time, so the whole weights never exist here.
   void init_unit_by_unit(uint64_t seed);
+  // Unit u alone, just loaded whole into the model (a checkpoint read unit by unit): keep this
+  // rank's block, give the rest back.
+  void take_unit(int64_t u) { take_unit(units_[static_cast<size_t>(u)]); }
   void begin_step() { grad_shard_.zero(); }
   // The masters changed (optimizer step): every unit resharded.
   void reshard_all();

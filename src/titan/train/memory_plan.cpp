@@ -100,10 +100,11 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
     plan.lines.push_back({bf16 ? "gathered: head group + largest unit (fp32 w+g, bf16)"
                                : "gathered: head group + largest unit (fp32 w+g)",
                           (bf16 ? 10 : 8) * (head + other)});
-    // A checkpoint or initial weights are loaded whole before the masters are sharded.
+    // Initial weights are loaded whole before the masters are sharded (a resumed checkpoint is
+    // read unit by unit).
     const auto& k = cfg.checkpoint;
-    if (k.enable || !k.initial_load_path.empty() || k.initial_load_in_hf)
-      plan.lines.push_back({"loading weights: whole before sharding (given back)", p});
+    if (!k.initial_load_path.empty() || k.initial_load_in_hf)
+      plan.lines.push_back({"initial weights: whole before sharding (given back)", p});
   }
   if (bf16) {
     if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line

@@ -127,15 +127,18 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // ranks read after it.
   if (!rank0()) dist::world().barrier();
   // Any checkpoint layout: the whole parameters, the optimizer state of this rank's shard.
+  // FSDP: a resumed checkpoint is read unit by unit, each unit's block kept as it arrives.
+  ckpt::UnitDone take_unit;
+  if (fsdp_) take_unit = [this](int64_t u) { fsdp_->take_unit(u); };
   loaded = checkpointer_->load(
       *model_, m_.data(), v_.data(),
-      fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{});
+      fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{}, take_unit);
   if (rank0()) dist::world().barrier();
-  if (fsdp_) {  // keep this rank's shard of the weights loaded whole, or initialize unit-wise
+  if (fsdp_) {  // resumed: taken unit by unit; initial weights: read whole, then sharded
     const auto& k = cfg_.checkpoint;
-    if (loaded || !k.initial_load_path.empty() || k.initial_load_in_hf)
+    if (!loaded && (!k.initial_load_path.empty() || k.initial_load_in_hf))
       fsdp_->take_params_from_model();
-    else
+    else if (!loaded)
       fsdp_->init_unit_by_unit(bo.seed);
     model_->set_param_hooks(fsdp_.get());
   }
