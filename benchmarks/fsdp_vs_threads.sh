@@ -30,7 +30,7 @@ for prec in bfloat16 float32; do
     printf '%s run %d: 1 process x 2 threads %s tok/s (peak %s); FSDP 2 x 1 %d tok/s (peak %s per rank); ratio %s; %s; %s\n' \
       "$prec" "$i" "$a" "$(echo "$one" | peak)" $((2 * b)) "$(echo "$fsdp" | peak)" \
       "$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", 2 * b / a}')" \
-      "$(echo "$fsdp" | grep -oE 'FSDP: [0-9.]+ ms per step')" \
+      "$(echo "$fsdp" | grep -oE "FSDP: [0-9.]+ ms per step[^;]*")" \
       "$(echo "$fsdp" | grep -oE 'resident memory now [0-9.]+ GiB')"
   done
 done

@@ -484,9 +484,9 @@ void check_params_present(const models::Model& model, const SafetensorsSet& set,
 }
 
 void read_weights(models::Model& model, const SafetensorsSet& set, const std::string& path, bool hf,
-                  const std::optional<std::map<std::string, FileSum>>& sums) {
+                  const std::optional<std::map<std::string, FileSum>>& sums, const Segments* only) {
   if (hf) {
-    model.load_hf(set, path);
+    model.load_hf(set, path, only);
     return;
   }
   check_params_present(model, set, path);
@@ -500,7 +500,8 @@ void read_weights(models::Model& model, const SafetensorsSet& set, const std::st
 
 }  // namespace
 
-void load_model_weights(models::Model& model, const std::string& path, bool hf, bool verify) {
+void load_model_weights(models::Model& model, const std::string& path, bool hf, bool verify,
+                        const Segments* only) {
   std::error_code ec;
   std::optional<std::map<std::string, FileSum>> sums;
   if (verify && fs::is_directory(path, ec) && fs::exists(fs::path(path) / kChecksumsName, ec))
@@ -517,7 +518,7 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf, 
     sums.reset();
   }
   verify_rest(path, sums, {&set});
-  read_weights(model, set, path, hf, sums);
+  read_weights(model, set, path, hf, sums, only);
 }
 
 void export_hf(const std::string& dir, const models::Model& model, const std::string& dtype,
@@ -611,6 +612,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
                                              const UnitDone& unit_done) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
+  const Segments* slices = unit_done ? &opt : nullptr;
   if (k.enable) clean_stale();
   const std::vector<StepDir> dirs = k.enable ? step_dirs(folder_) : std::vector<StepDir>{};
   if (!dirs.empty()) {
@@ -665,11 +667,13 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
     }
   }
   if (!k.initial_load_path.empty()) {
-    load_model_weights(model, k.initial_load_path, k.initial_load_in_hf);
-    log::info("Loaded initial weights from " + k.initial_load_path);
+    load_model_weights(model, k.initial_load_path, k.initial_load_in_hf, true, slices);
+    log::info("Loaded initial weights from " + k.initial_load_path +
+              (slices && k.initial_load_in_hf ? " (this rank's slices)" : ""));
   } else if (k.initial_load_in_hf) {
-    load_model_weights(model, cfg_.model.hf_assets_path, true);
-    log::info("Loaded Hugging Face weights from " + cfg_.model.hf_assets_path);
+    load_model_weights(model, cfg_.model.hf_assets_path, true, true, slices);
+    log::info("Loaded Hugging Face weights from " + cfg_.model.hf_assets_path +
+              (slices ? " (this rank's slices)" : ""));
   }
   return std::nullopt;
 }
@@ -725,7 +729,7 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
     log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
     return st;
   }
-  read_weights(model, weights, dir, false, sums);
+  read_weights(model, weights, dir, false, sums, nullptr);
   std::vector<Want> moments;
   for (const auto& p : model.params()) {
     if (p.alias) continue;

@@ -66,11 +66,9 @@ struct TrainState {
   bool finished = false;
 };
 
-// A range of the flat parameter buffer (models::ParamInfo offsets). A rank's shard is a list of
-// them (FSDP: its block of every unit), its shard buffers their concatenation.
-struct FlatRange {
-  int64_t begin = 0, len = 0;
-};
+// A rank's shard of the flat parameter buffer (FSDP: its block of every unit); its shard buffers
+// are their concatenation.
+using FlatRange = models::FlatRange;
 using Segments = std::vector<FlatRange>;
 // Called after each parameter unit's weights are loaded (models::ParamUnit index): a sharded
 // trainer takes its block and gives the rest back before the next unit is read.
@@ -87,8 +85,9 @@ class Checkpointer {
   // order above: the whole parameters into the model, the optimizer state of the segments `opt`
   // (empty: the whole buffer) into exp_avg/exp_avg_sq. Returns the train state when a run was
   // resumed.
-  // With unit_done, a resumed checkpoint's weights are read unit by unit, unit_done called after
-  // each (initial weights are read whole).
+  // With unit_done (a sharded trainer), a resumed checkpoint's weights are read unit by unit,
+  // unit_done called after each; Hugging Face initial weights are read only within `opt` (the
+  // rank's slices, from the memory-mapped files); native initial weights are read whole.
   std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
                                  const Segments& opt = {}, const UnitDone& unit_done = {});
 
@@ -137,8 +136,10 @@ void export_hf(const std::string& dir, const models::Model& model, const std::st
                const std::string& source_dir, int64_t max_shard_bytes = int64_t{5} << 30);
 
 // Loads model weights from a Hugging Face directory or a native step directory, after checking
-// the directory's checksums.json when it has one (verify).
-void load_model_weights(models::Model& model, const std::string& path, bool hf, bool verify = true);
+// the directory's checksums.json when it has one (verify). only: Hugging Face weights read
+// within these ranges alone (models::Model::load_hf).
+void load_model_weights(models::Model& model, const std::string& path, bool hf, bool verify = true,
+                        const Segments* only = nullptr);
 
 // Refuses an empty dump_folder (it would put metrics.jsonl at the file-system root and the
 // checkpoints in the current directory).

@@ -575,8 +575,8 @@ const std::string& SafetensorsSet::file_of(const std::string& name) const {
   return it == index_.end() ? kNone : files_[it->second.first].path();
 }
 
-void SafetensorsSet::read_f32(const std::string& name, const std::vector<int64_t>& shape,
-                              float* dst) const {
+void SafetensorsSet::read_f32_range(const std::string& name, const std::vector<int64_t>& shape,
+                                    int64_t begin, int64_t end, float* dst) const {
   const TensorView* t = find(name);
   check(t != nullptr, path_ + ": tensor '" + name + "' not found");
   const std::string at = file_of(name) + ": tensor '" + name + "'";
@@ -586,7 +586,10 @@ void SafetensorsSet::read_f32(const std::string& name, const std::vector<int64_t
       t->dtype == DType::F32 || t->dtype == DType::F16 || t->dtype == DType::BF16 ||
           t->dtype == DType::F64,
       at + " has dtype " + dtype_name(t->dtype) + "; only F32, F16, BF16 and F64 convert to fp32");
-  to_f32(t->dtype, t->data, t->numel(), dst);
+  check(0 <= begin && begin <= end && end <= t->numel(),
+        at + ": elements [" + std::to_string(begin) + ", " + std::to_string(end) +
+            ") are not within its " + std::to_string(t->numel()));
+  to_f32(t->dtype, t->data + static_cast<size_t>(begin) * dtype_size(t->dtype), end - begin, dst);
 }
 
 int64_t SafetensorsSet::total_bytes() const {

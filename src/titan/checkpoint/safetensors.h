@@ -76,11 +76,11 @@ class SafetensorsSet final : public TensorSource {
 
   std::vector<std::string> names() const override;        // sorted
   const TensorView* find(const std::string& name) const;  // nullptr if absent
-  // Copies tensor `name` converted to fp32 into dst (numel floats). Throws titan::Error naming the
-  // file and tensor if it is absent, if its shape differs from `shape`, or if its dtype is not
-  // F32/F16/BF16/F64.
-  void read_f32(const std::string& name, const std::vector<int64_t>& shape,
-                float* dst) const override;
+  // Copies elements [begin, end) of tensor `name` converted to fp32 into dst (read_f32: all of
+  // them). Throws titan::Error naming the file and tensor if it is absent, if its shape differs
+  // from `shape`, if its dtype is not F32/F16/BF16/F64, or if the range is not within it.
+  void read_f32_range(const std::string& name, const std::vector<int64_t>& shape, int64_t begin,
+                      int64_t end, float* dst) const override;
   const std::vector<int64_t>* shape_of(const std::string& name) const override {
     const TensorView* t = find(name);
     return t ? &t->shape : nullptr;

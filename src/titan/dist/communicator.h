@@ -4,9 +4,13 @@
 // the trainer reduces what the model produced.
 //
 // Every call is collective: all ranks of the group call it in the same order with the same sizes.
-// Buffers are host memory. Blocking calls return when this rank's part is complete; the
-// non-blocking all-reduce returns a Request whose wait() completes it (the buffer must not be
-// touched before). Errors (a failed collective) throw titan::Error.
+// Buffers are host memory. Blocking calls return when this rank's part is complete. The
+// non-blocking ones (…_async) return a Request whose wait() completes them; their buffers must
+// not be touched before. Under MPI they run on the group's communication lane: a duplicate of
+// its communicator, driven by a thread of its own that starts them in call order (so every rank
+// matches them) and polls them to completion, so they move while the caller computes (OpenMPI
+// has no progress thread of its own). Errors (a failed collective) throw titan::Error, from
+// wait() for the non-blocking ones.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,6 +25,9 @@ class Request {
  public:
   virtual ~Request() = default;
   virtual void wait() = 0;
+  // Seconds from the collective's start to its completion (after wait()): what it took in the
+  // background, hidden behind compute or not.
+  virtual double seconds() const { return 0; }
 };
 
 class Communicator {
@@ -42,6 +49,13 @@ class Communicator {
   virtual void reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) = 0;
   // In place: every rank's block of x (its own values) ends up in every rank's x.
   virtual void all_gather(float* x, const std::vector<int64_t>& counts) = 0;
+  virtual std::unique_ptr<Request> reduce_scatter_async(const float* in, float* out,
+                                                        const std::vector<int64_t>& counts) = 0;
+  virtual std::unique_ptr<Request> all_gather_async(float* x,
+                                                    const std::vector<int64_t>& counts) = 0;
+  // The same of 16-bit values (bf16 bits: FSDP's gathers under bf16 mixed precision).
+  virtual std::unique_ptr<Request> all_gather_async(uint16_t* x,
+                                                    const std::vector<int64_t>& counts) = 0;
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // The group of the ranks that pass the same color, ranked by key (MPI_Comm_split).

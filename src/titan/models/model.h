@@ -101,6 +101,11 @@ struct TensorSize {
 struct ParamUnit {
   int64_t begin = 0, end = 0;
 };
+// A range of the flat parameter buffer (ParamInfo offsets): a rank's shard is a list of them
+// (FSDP: its block of every unit).
+struct FlatRange {
+  int64_t begin = 0, len = 0;
+};
 
 // What a trainer that shards the parameters (train/fsdp.h) learns of their use. The model calls
 // these around every use of a unit; without hooks its parameters are always whole. The model
@@ -108,6 +113,8 @@ struct ParamUnit {
 class ParamHooks {
  public:
   virtual ~ParamHooks() = default;
+  // A forward pass begins; a backward of the same microbatch follows it or not (evaluation).
+  virtual void begin_pass(bool /*backward_follows*/) {}
   // Unit u's parameters are about to be read, in the forward or (backward = true) in the backward
   // (a recomputation included); they must be whole in param_data() when this returns.
   virtual void acquire(int64_t u, bool backward) = 0;
@@ -178,8 +185,10 @@ class Model {
   // Every HF tensor of the model (a tied lm_head omitted).
   virtual std::vector<HfTensor> hf_tensors() const = 0;
   // Copies every parameter from an HF state dict; missing, unexpected and mis-shaped keys are
-  // reported at once in one titan::Error naming `where`.
-  virtual void load_hf(const TensorSource& src, const std::string& where) = 0;
+  // reported at once in one titan::Error naming `where`. With `only`, just those ranges of the
+  // flat parameter buffer are read (a sharded trainer's slices; the rest stays as it was).
+  virtual void load_hf(const TensorSource& src, const std::string& where,
+                       const std::vector<FlatRange>* only = nullptr) = 0;
   // config.json for this model, starting from `base` (the source model's, or empty) so that
   // fields titan does not model are kept; dtype is the export dtype's torch name.
   virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;

@@ -5,18 +5,29 @@
 // Rank r owns block r of every unit's flat range (blocks of ceil(len / S) elements, the last
 // shorter or empty): the fp32 master parameters, the reduced gradient and (the trainer's) AdamW
 // state of those elements, in shard buffers that concatenate its blocks unit by unit.
-//   acquire(u)     all-gathers unit u into the model's flat parameter buffer (fp32) before use;
+//   acquire(u)     all-gathers unit u into the model's flat parameter buffer before use (in
+//                  fp32; under bf16 mixed precision in bf16, FSDP2's param_dtype: each rank's
+//                  block rounded to bf16, gathered, widened, so every parameter the model reads,
+//                  norms included, is the bf16 value, as torchtitan computes),
+//                  then starts the gather of the unit the pass uses next (FSDP2's forward and
+//                  backward prefetch: u+1 in the forward, the last layer at the head when a
+//                  backward follows, u−1 in the backward), which runs in the background
+//                  (dist::Communicator's lane) while u computes;
 //   release(u)     reshards it (zeros, memory pages given back) after the backward always, after
 //                  the forward per fsdp_reshard_after_forward: "default"/"always" for the
 //                  decoder layers and an untied embedding; the head ([norm, lm_head], with the
 //                  embedding when tied) only for "always" (torchtitan's apply_fsdp);
-//   grads_ready(u) reduce-scatters unit u's gradient of the microbatch (fp32 sums, gradient
-//                  divide factor 1) into this rank's block (+=) and releases the full gradient.
+//   grads_ready(u) starts the reduce-scatter of unit u's gradient of the microbatch (fp32 sums,
+//                  gradient divide factor 1) in the background, after finishing the previous
+//                  unit's: its block added (+=) to this rank's, its full gradient released. So
+//                  one reduce-scatter overlaps the next unit's backward; finish_grads() (the
+//                  trainer, before it reads the gradient shard) and the next pass finish the last.
 // Between steps nothing is gathered: after the optimizer updates the masters every unit is
-// resharded. The collectives are blocking (no prefetch yet): their time is counted, none of it
-// hidden behind compute.
+// resharded. At most two units are gathered at once (the one computing and the prefetched one)
+// and two units' full gradients exist (the one computing and the one being reduced).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,8 +40,10 @@ namespace titan::train {
 
 class Fsdp final : public models::ParamHooks {
  public:
-  // reshard_after_forward: the config's "default" | "always" | "never".
-  Fsdp(models::Model& model, dist::Communicator& group, const std::string& reshard_after_forward);
+  // reshard_after_forward: the config's "default" | "always" | "never"; bf16_gather: gathers
+  // move bf16 (mixed_precision_param bfloat16).
+  Fsdp(models::Model& model, dist::Communicator& group, const std::string& reshard_after_forward,
+       bool bf16_gather = false);
 
   // The segments of the flat buffer that rank r of the group owns (its shard buffers concatenate
   // them): for the checkpoint index and the optimizer-state load.
@@ -51,16 +64,23 @@ class Fsdp final : public models::ParamHooks {
   // rank's block, give the rest back.
   void take_unit(int64_t u) { take_unit(units_[static_cast<size_t>(u)]); }
   void begin_step() { grad_shard_.zero(); }
+  // The last gradient reduce-scatter finished: grad_shard() complete.
+  void finish_grads();
   // The masters changed (optimizer step): every unit resharded.
   void reshard_all();
-  // Every unit whole in the model (an export, the error path's weight check); reshard_all after.
+  // Every unit whole in the model, the fp32 masters exactly (an export, the error path's weight
+  // check); reshard_all after.
   void gather_all();
 
-  // Seconds and bytes (ring model) in this object's collectives since construction, and the
-  // bytes one step of `microbatches` microbatches moves per rank in theory under this policy.
+  // Since construction: seconds this object's collectives took from start to completion
+  // (comm_seconds), and the part of them the model waited for, not hidden behind compute
+  // (exposed_seconds); the bytes one step of `microbatches` microbatches moves per rank in
+  // theory under this policy (ring model).
   double comm_seconds() const { return comm_seconds_; }
+  double exposed_seconds() const { return exposed_seconds_; }
   double theory_bytes_per_step(int64_t microbatches) const;
 
+  void begin_pass(bool backward_follows) override;
   void acquire(int64_t u, bool backward) override;
   bool release(int64_t u, bool backward) override;
   void grads_ready(int64_t u) override;
@@ -73,10 +93,16 @@ class Fsdp final : public models::ParamHooks {
     int64_t at = 0;               // where it sits in the shard buffers
     bool reshard_after_forward = true;
     bool weights_in_backward = true;  // the head's backward is fused with its forward
-    bool gathered = false;
+    bool gathered = false;            // whole in the model, or on its way (gathering)
+    std::unique_ptr<dist::Request> gathering;
+    int stage = -1;  // the bf16 staging buffer it is gathered in
   };
   void reshard(Unit& u);
   void take_unit(Unit& u);
+  void start_gather(Unit& u);
+  void finish_gather(Unit& u);
+  void prefetch(int64_t u);
+  void wait(dist::Request& r);  // counts the seconds it took and the part waited for
 
   models::Model& model_;
   dist::Communicator& group_;
@@ -85,7 +111,13 @@ class Fsdp final : public models::ParamHooks {
   bool tied_ = false;  // lm_head is the embedding's storage (unit 0 is in the head's group)
   int64_t shard_len_ = 0, largest_unit_ = 0;
   Buffer<float> master_, grad_shard_, scratch_;  // scratch_: one reduce-scattered block
-  double comm_seconds_ = 0;
+  std::unique_ptr<dist::Request> reducing_;      // unit reducing_unit_'s, into scratch_
+  int64_t reducing_unit_ = -1;
+  bool backward_follows_ = false, head_done_ = false;  // of the pass under way
+  bool bf16_ = false, exact_ = false;                  // exact_: gather_all's fp32 gathers
+  std::vector<Buffer<uint16_t>> stages_;               // bf16 gathers in flight, one each
+  std::vector<bool> stage_busy_;
+  double comm_seconds_ = 0, exposed_seconds_ = 0;
 };
 
 }  // namespace titan::train

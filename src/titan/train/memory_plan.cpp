@@ -88,8 +88,9 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   };
   if (dp_shard > 1) {  // FSDP (train/fsdp.h)
     // Whole at once: the head's group (kept gathered through the step by default; a tied
-    // embedding's gradient lives from the head's backward to the embedding's) and the unit being
-    // computed, weights and gradients (and their bf16 copy).
+    // embedding's gradient lives from the head's backward to the embedding's), the unit being
+    // computed and the next one (prefetched weights; the gradient still reducing), weights and
+    // gradients (and their bf16 copy).
     const auto units = m.param_units();
     int64_t head = units.back().end - units.back().begin, other = 0;
     bool tied = false;
@@ -97,13 +98,13 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
     if (tied) head += units[0].end - units[0].begin;
     for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i)
       other = std::max(other, units[i].end - units[i].begin);
-    plan.lines.push_back({bf16 ? "gathered: head group + largest unit (fp32 w+g, bf16)"
-                               : "gathered: head group + largest unit (fp32 w+g)",
-                          (bf16 ? 10 : 8) * (head + other)});
-    // Initial weights are loaded whole before the masters are sharded (a resumed checkpoint is
-    // read unit by unit).
+    plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
+                               : "gathered: head group + 2 largest units (fp32 w+g)",
+                          (bf16 ? 10 : 8) * (head + 2 * other)});
+    // Native initial weights are loaded whole before the masters are sharded (a resumed
+    // checkpoint is read unit by unit, Hugging Face weights only in the rank's slices).
     const auto& k = cfg.checkpoint;
-    if (!k.initial_load_path.empty() || k.initial_load_in_hf)
+    if (!k.initial_load_path.empty() && !k.initial_load_in_hf)
       plan.lines.push_back({"initial weights: whole before sharding (given back)", p});
   }
   if (bf16) {

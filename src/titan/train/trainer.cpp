@@ -117,7 +117,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   const int64_t n = model_->num_params();
   if (dims_.sharded())
     fsdp_ =
-        std::make_unique<Fsdp>(*model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward);
+        std::make_unique<Fsdp>(*model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward,
+                               t.mixed_precision_param == "bfloat16");
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len);
   v_.resize(shard_len);
@@ -134,7 +135,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
       *model_, m_.data(), v_.data(),
       fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{}, take_unit);
   if (rank0()) dist::world().barrier();
-  if (fsdp_) {  // resumed: taken unit by unit; initial weights: read whole, then sharded
+  if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
+                // slices), then sharded
     const auto& k = cfg_.checkpoint;
     if (!loaded && (!k.initial_load_path.empty() || k.initial_load_in_hf))
       fsdp_->take_params_from_model();
@@ -235,6 +237,7 @@ StepResult Trainer::step() {
 void Trainer::reduce_and_update(StepResult& r) {
   // Gradients all-reduced across replicas (DDP: everything; FSDP/HSDP: the shard reduce-scattered
   // within the replica during the backward; one process: nothing moves).
+  if (fsdp_) fsdp_->finish_grads();
   const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
   float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->grad_data();
   mesh_.replicate->all_reduce(shard_grad, len);
@@ -491,12 +494,14 @@ void Trainer::train() {
                   sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
     log::info(buf);
     if (fsdp_) {
-      std::snprintf(buf, sizeof buf,
-                    "FSDP: %.1f ms per step in parameter gathers and gradient reduce-scatters, "
-                    "none of it overlapped with compute (blocking collectives); resident memory "
-                    "now %.3f GiB",
-                    1e3 * fsdp_->comm_seconds() / steps,
-                    static_cast<double>(cpu::current_rss_bytes()) / (1024.0 * 1024.0 * 1024.0));
+      std::snprintf(
+          buf, sizeof buf,
+          "FSDP: %.1f ms per step in parameter gathers and gradient reduce-scatters, "
+          "%.1f ms of it not hidden behind compute (overlap %.0f%%); resident memory "
+          "now %.3f GiB",
+          1e3 * fsdp_->comm_seconds() / steps, 1e3 * fsdp_->exposed_seconds() / steps,
+          100.0 * (1.0 - fsdp_->exposed_seconds() / std::max(fsdp_->comm_seconds(), 1e-12)),
+          static_cast<double>(cpu::current_rss_bytes()) / (1024.0 * 1024.0 * 1024.0));
       log::info(buf);
     }
   }

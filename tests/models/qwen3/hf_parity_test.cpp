@@ -18,6 +18,7 @@
 //   ~1e-6 gradient differences where |g| is tiny; that end-to-end difference is printed only.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -253,6 +254,38 @@ TEST(HfMoe, FusedExpertLayoutLoadsTheSameWeights) {
   ASSERT_EQ(a.num_params(), b.num_params());
   EXPECT_EQ(0, std::memcmp(a.param_data(), b.param_data(),
                            static_cast<size_t>(a.num_params()) * sizeof(float)));
+}
+
+// A sharded trainer reads only its slices of the flat parameters (models::Model::load_hf's
+// `only`): ranges that cut tensors (and the fused experts' gate|up halves) anywhere get exactly
+// the values a whole load gives, and nothing outside them is written.
+TEST(HfImport, OnlyTheGivenSlicesAreReadAndExactly) {
+  for (const char* name : {"moe_norm_fused", "moe_norm", "tied_gqa2", "untied_gqa4"}) {
+    SCOPED_TRACE(name);
+    const Qwen3Args args = args_from_hf_config(fixture_dir(name));
+    const auto set = ckpt::SafetensorsSet::open(fixture_dir(name));
+    Qwen3Model whole(args, 1, 4), sliced(args, 1, 4);
+    load_hf_weights(whole, set, name);
+    const int64_t n = whole.num_params();
+    const std::vector<models::FlatRange> only = {{7, n / 3}, {n / 2, 1001}, {n - 5, 5}};
+    std::fill_n(sliced.param_data(), n, std::nanf(""));
+    load_hf_weights(sliced, set, name, &only);
+    std::vector<bool> in(static_cast<size_t>(n), false);
+    for (const auto& r : only) std::fill_n(in.begin() + r.begin, r.len, true);
+    int64_t read = 0, untouched = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float w = whole.param_data()[i], s = sliced.param_data()[i];
+      if (in[static_cast<size_t>(i)]) {
+        read += w == s;
+      } else {
+        untouched += std::isnan(s);
+      }
+    }
+    int64_t inside = 0;
+    for (const auto& r : only) inside += r.len;
+    EXPECT_EQ(read, inside);
+    EXPECT_EQ(untouched, n - inside);
+  }
 }
 
 TEST(HfMoe, ConfigFieldsAndDenseLayers) {

@@ -456,6 +456,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     std::fill(aux_hits_.begin(), aux_hits_.end(), 0.0);
     std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
   }
+  if (hooks_) hooks_->begin_pass(backward && !logits_out);
   acquire(0, false);
   be_.embedding_fwd(b.input, T, P + tok_emb_, V, D, saved_[0].x);
   release(0, false);
@@ -700,9 +701,10 @@ double Qwen3Model::flops_per_token(int64_t seq_len) const {
 
 std::vector<models::HfTensor> Qwen3Model::hf_tensors() const { return qwen3::hf_tensors(*this); }
 
-void Qwen3Model::load_hf(const TensorSource& src, const std::string& where) {
+void Qwen3Model::load_hf(const TensorSource& src, const std::string& where,
+                         const std::vector<models::FlatRange>* only) {
   mark_stale();
-  load_hf_weights(*this, src, where);
+  load_hf_weights(*this, src, where, only);
 }
 
 nlohmann::json Qwen3Model::hf_config(const nlohmann::json& base, const std::string& dtype) const {

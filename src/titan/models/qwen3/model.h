@@ -120,7 +120,8 @@ class Qwen3Model final : public models::Model {
 
   // ---- Hugging Face adapter (state_dict_adapter.h, hf_config.h)
   std::vector<models::HfTensor> hf_tensors() const override;
-  void load_hf(const TensorSource& src, const std::string& where) override;
+  void load_hf(const TensorSource& src, const std::string& where,
+               const std::vector<models::FlatRange>* only = nullptr) override;
   nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const override;
 
  private:

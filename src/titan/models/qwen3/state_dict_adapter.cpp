@@ -97,10 +97,27 @@ std::vector<HfTensor> hf_tensors(const Qwen3Model& model) {
 namespace {
 // Reads the fused on-disk experts of MoE layers that have them (save_original_format=False):
 // gate_up_proj [E,2F,D] -> w1 = rows [0,F), w3 = rows [F,2F); down_proj [E,D,F] -> w2. Returns the
+// Elements [from, from + n) of tensor `key` into the flat parameters at [to, to + n): all of them,
+// or with `only` just the parts within those ranges.
+void read_into(Qwen3Model& model, const TensorSource& set, const std::string& key,
+               const std::vector<int64_t>& shape, int64_t from, int64_t n, int64_t to,
+               const std::vector<models::FlatRange>* only) {
+  float* P = model.param_data();
+  if (!only) {
+    set.read_f32_range(key, shape, from, from + n, P + to);
+    return;
+  }
+  for (const auto& r : *only) {
+    const int64_t lo = std::max(r.begin, to), hi = std::min(r.begin + r.len, to + n);
+    if (lo < hi) set.read_f32_range(key, shape, from + (lo - to), from + (hi - to), P + lo);
+  }
+}
+
 // per-expert keys so satisfied; shape problems go to bad_shape.
 std::set<std::string> load_fused_experts(Qwen3Model& model, const TensorSource& set,
                                          std::set<std::string>* used,
-                                         std::vector<std::string>* bad_shape) {
+                                         std::vector<std::string>* bad_shape,
+                                         const std::vector<models::FlatRange>* only) {
   std::set<std::string> done;
   const Qwen3Args& a = model.args();
   const int64_t E = a.num_experts, F = a.moe_hidden_dim, D = a.dim;
@@ -120,15 +137,16 @@ std::set<std::string> load_fused_experts(Qwen3Model& model, const TensorSource& 
       continue;
     }
     const std::string fq = "layers." + std::to_string(l) + ".moe.experts.";
-    std::vector<float> tmp(static_cast<size_t>(E * 2 * F * D));
-    set.read_f32(pre + "gate_up_proj", gu_shape, tmp.data());
-    float* w1 = model.param_ptr(fq + "w1");
-    float* w3 = model.param_ptr(fq + "w3");
+    // gate_up_proj[e] = [gate (w1[e]); up (w3[e])]
+    const int64_t w1 = model.param(fq + "w1").offset, w3 = model.param(fq + "w3").offset;
     for (int64_t e = 0; e < E; ++e) {
-      std::copy_n(tmp.data() + e * 2 * F * D, F * D, w1 + e * F * D);
-      std::copy_n(tmp.data() + e * 2 * F * D + F * D, F * D, w3 + e * F * D);
+      read_into(model, set, pre + "gate_up_proj", gu_shape, e * 2 * F * D, F * D, w1 + e * F * D,
+                only);
+      read_into(model, set, pre + "gate_up_proj", gu_shape, e * 2 * F * D + F * D, F * D,
+                w3 + e * F * D, only);
     }
-    set.read_f32(pre + "down_proj", dn_shape, model.param_ptr(fq + "w2"));
+    read_into(model, set, pre + "down_proj", dn_shape, 0, E * D * F, model.param(fq + "w2").offset,
+              only);
     for (int64_t e = 0; e < E; ++e)
       for (const char* h : {"gate_proj", "up_proj", "down_proj"})
         done.insert(pre + std::to_string(e) + "." + h + ".weight");
@@ -137,10 +155,11 @@ std::set<std::string> load_fused_experts(Qwen3Model& model, const TensorSource& 
 }
 }  // namespace
 
-void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where) {
+void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where,
+                     const std::vector<models::FlatRange>* only) {
   std::vector<std::string> missing, bad_shape, unexpected;
   std::set<std::string> used;
-  const std::set<std::string> fused = load_fused_experts(model, set, &used, &bad_shape);
+  const std::set<std::string> fused = load_fused_experts(model, set, &used, &bad_shape, only);
   std::map<std::string, HfTensor> wanted;  // HF key -> where it goes
   for (auto& t : hf_tensors(model))
     if (!fused.count(t.key)) wanted[t.key] = t;
@@ -174,7 +193,11 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
     throw Error(msg + " check that config.json and the weights belong together");
   }
-  for (const auto& [key, p] : wanted) set.read_f32(key, p.shape, model.param_data() + p.offset);
+  for (const auto& [key, p] : wanted) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    read_into(model, set, key, p.shape, 0, n, p.offset, only);
+  }
 }
 
 }  // namespace titan::qwen3

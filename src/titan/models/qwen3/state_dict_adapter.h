@@ -27,6 +27,7 @@ std::string from_hf_key(const std::string& key);
 // or from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]).
 // Missing, unexpected and mis-shaped keys are all reported at once in one titan::Error naming
 // `where`.
-void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where);
+void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where,
+                     const std::vector<models::FlatRange>* only = nullptr);
 
 }  // namespace titan::qwen3
