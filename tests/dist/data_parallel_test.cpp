@@ -316,6 +316,63 @@ TEST(DataParallelHf, FsdpReadsItsSlicesOfHuggingFaceWeightsAndTrainsLikeOneProce
   }
 }
 
+// The last save as a Hugging Face export under FSDP is written by the ranks in parallel: one file
+// per rank (each unit's tensors whole, from the unit gathered in turn) and the index; it holds
+// the same keys as one process's export and the same values within the training tolerance, and
+// the checksums cover every file.
+TEST(DataParallelHf, FsdpWritesTheHuggingFaceExportInParallel) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_hf_export");
+  const std::string docs = write_docs(dir);
+  const int steps = 2;
+  auto job = [&](const std::string& dump) {
+    return std::string(TITAN_BINARY) + " train --config qwen3_debugmodel --model.hf_assets_path " +
+           TITAN_SOURCE_DIR +
+           "/tests/fixtures/hf/moe_norm_fused --checkpoint.initial_load_in_hf"
+           " --training.mixed_precision_param float32 --training.seq_len 32"
+           " --training.local_batch_size 2 --training.steps " +
+           std::to_string(steps) + " --dataloader.dataset text --dataloader.dataset_path " + docs +
+           " --dataloader.shuffle false --checkpoint.enable --checkpoint.interval 1000"
+           " --checkpoint.last_save_in_hf --dump_folder " +
+           dump;
+  };
+  const ShellRun a = sh(job(dir + "/one") + " --training.global_batch_size 8");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const ShellRun b = sh(mpirun(4) + job(dir + "/fsdp"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("4 files written in parallel"), std::string::npos) << b.out;
+  const std::string step = "/checkpoint/step-" + std::to_string(steps);
+  for (const char* f :
+       {"model-00001-of-00004.safetensors", "model-00004-of-00004.safetensors",
+        "model.safetensors.index.json", "config.json", "generation_config.json", "checksums.json"})
+    EXPECT_TRUE(fs::exists(dir + "/fsdp" + step + "/" + f)) << f;
+  std::ifstream sums(dir + "/fsdp" + step + "/checksums.json");
+  const auto files = nlohmann::json::parse(sums).at("files");
+  for (const auto& e : fs::directory_iterator(dir + "/fsdp" + step)) {
+    if (e.path().filename() != "checksums.json") {
+      EXPECT_TRUE(files.contains(e.path().filename().string())) << e.path();
+    }
+  }
+  auto x = ckpt::SafetensorsSet::open(dir + "/one" + step);
+  auto y = ckpt::SafetensorsSet::open(dir + "/fsdp" + step);
+  ASSERT_EQ(x.names(), y.names());
+  for (const auto& name : x.names()) {
+    const auto* t = x.find(name);
+    std::vector<float> u(static_cast<size_t>(t->numel())), v(u.size());
+    x.read_f32(name, t->shape, u.data());
+    y.read_f32(name, t->shape, v.data());
+    for (size_t i = 0; i < u.size(); ++i) ASSERT_NEAR(v[i], u[i], 1e-5) << name << "[" << i << "]";
+  }
+  // Transformers loads it with an empty report (where the tools venv exists).
+  const std::string py = std::string(TITAN_SOURCE_DIR) + "/.venv/bin/python";
+  if (!fs::exists(py))
+    GTEST_SKIP() << "no Python environment (tools/setup_venv.sh): skipped the transformers check";
+  const ShellRun check =
+      sh(py + " " + TITAN_SOURCE_DIR + "/tools/check_hf_export.py " + dir + "/fsdp" + step);
+  EXPECT_EQ(check.code, 0) << check.out;
+  EXPECT_NE(check.out.find("\"ok\": true"), std::string::npos) << check.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, DataParallel, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) {
                            return i.param ? std::string("Moe") : std::string("Dense");

@@ -521,6 +521,60 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf, 
   read_weights(model, set, path, hf, sums, only);
 }
 
+// Beside an export's weights: config.json (from the source's, for the fields titan does not
+// model), generation_config.json and the source's tokenizer files.
+void write_hf_extras(const fs::path& tmp, const models::Model& model, const std::string& dtype,
+                     const std::string& source_dir) {
+  json base;
+  if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "config.json"))
+    base = read_json(fs::path(source_dir) / "config.json");
+  write_json(tmp / "config.json", model.hf_config(base, dtype));
+  test::kill_point("export:config");
+  json gen = {{"_from_model_config", true}};
+  if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "generation_config.json")) {
+    gen = read_json(fs::path(source_dir) / "generation_config.json");
+  } else {
+    for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (base.contains(k)) gen[k] = base[k];
+  }
+  write_json(tmp / "generation_config.json", gen);
+  std::error_code ec;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"})
+    if (!source_dir.empty() && fs::exists(fs::path(source_dir) / f)) {
+      fs::copy_file(fs::path(source_dir) / f, tmp / f, ec);
+      check(!ec, "cannot copy " + (fs::path(source_dir) / f).string() + " to " +
+                     (tmp / f).string() + " (" + ec.message() + ")");
+    }
+}
+
+void HfPart::add_unit(const models::Model& model, int64_t unit, const std::string& dtype) {
+  const DType dt = export_dtype(dtype);
+  for (const auto& t : model.hf_tensors()) {
+    if (model.param(t.fqn).group != unit) continue;
+    const int64_t n = numel_of(t.shape);
+    storage_.emplace_back(static_cast<size_t>(n) * dtype_size(dt));
+    f32_to(dt, model.param_data() + t.offset, n, storage_.back().data());
+    tensors_.push_back({t.key, dt, t.shape, storage_.back().data()});
+  }
+}
+
+json HfPart::write(const std::string& tmp, int64_t part, int64_t parts) const {
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05lld-of-%05lld.safetensors",
+                static_cast<long long>(part + 1), static_cast<long long>(parts));
+  const std::string path = (fs::path(tmp) / name).string();
+  write_file(path, tensors_, {{"format", "pt"}});
+  json map = json::object();
+  int64_t bytes = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    map[tensors_[i].name] = name;
+    bytes += static_cast<int64_t>(storage_[i].size());
+  }
+  return {
+      {"weight_map", map}, {"total_size", bytes}, {"sums", {{name, file_checksum_entry(path)}}}};
+}
+
 void export_hf(const std::string& dir, const models::Model& model, const std::string& dtype,
                const std::string& source_dir, int64_t max_shard_bytes) {
   const DType dt = export_dtype(dtype);
@@ -534,26 +588,7 @@ void export_hf(const std::string& dir, const models::Model& model, const std::st
     write_model(tmp.string(), model_tensors(model, dt, true, &storage), max_shard_bytes,
                 {{"format", "pt"}});
     test::kill_point("export:model");
-    json base;
-    if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "config.json"))
-      base = read_json(fs::path(source_dir) / "config.json");
-    write_json(tmp / "config.json", model.hf_config(base, dtype));
-    test::kill_point("export:config");
-    json gen = {{"_from_model_config", true}};
-    if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "generation_config.json")) {
-      gen = read_json(fs::path(source_dir) / "generation_config.json");
-    } else {
-      for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
-        if (base.contains(k)) gen[k] = base[k];
-    }
-    write_json(tmp / "generation_config.json", gen);
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"})
-      if (!source_dir.empty() && fs::exists(fs::path(source_dir) / f)) {
-        fs::copy_file(fs::path(source_dir) / f, tmp / f, ec);
-        check(!ec, "cannot copy " + (fs::path(source_dir) / f).string() + " to " +
-                       (tmp / f).string() + " (" + ec.message() + ")");
-      }
+    write_hf_extras(tmp, model, dtype, source_dir);
     write_checksums(tmp.string());
     io::fsync_dir(tmp.string());
     commit_dir(tmp, dst);
@@ -870,6 +905,35 @@ void Checkpointer::sharded_commit(const std::string& tmp_dir, const TrainState& 
   log::info("Saved sharded checkpoint " + dst.string() + " (" + std::to_string(shards) +
             " shards written in parallel)");
   purge();
+}
+
+void Checkpointer::hf_parts_commit(const std::string& tmp_dir, int64_t step,
+                                   const models::Model& model, const json& parts) {
+  const auto& k = cfg_.checkpoint;
+  const fs::path tmp(tmp_dir), dst = fs::path(folder_) / step_name(step);
+  try {
+    json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+    json sums = json::object();
+    int64_t total = 0;
+    for (const auto& p : parts) {
+      total += p.at("total_size").get<int64_t>();
+      index["weight_map"].update(p.at("weight_map"));
+      sums.update(p.at("sums"));
+    }
+    index["metadata"]["total_size"] = total;
+    write_json(tmp / "model.safetensors.index.json", index);
+    write_hf_extras(tmp, model, k.export_dtype, cfg_.model.hf_assets_path);
+    write_checksums(tmp.string(), sums);
+    io::fsync_dir(tmp.string());
+    commit_dir(tmp, dst);
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw Error("cannot export the model to " + dst.string() +
+                " (nothing was left there): " + e.what());
+  }
+  log::info("Saved the model (" + k.export_dtype + ", Hugging Face) to " + dst.string() + " (" +
+            std::to_string(parts.size()) + " files written in parallel)");
 }
 
 void Checkpointer::purge() {

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "titan/checkpoint/safetensors.h"
 #include "titan/config/job_config.h"
 #include "titan/models/model.h"
 
@@ -116,6 +117,15 @@ class Checkpointer {
   void sharded_commit(const std::string& tmp, const TrainState& st, const models::Model& model,
                       const std::vector<Segments>& shards, const nlohmann::json& sums);
 
+  // The last save as a Hugging Face export (last_save_in_hf) by the ranks of a sharded run, in
+  // parallel: rank 0 makes the temporary folder (sharded_begin); the writer of each part fills
+  // an HfPart unit by unit, while each unit is whole, and writes it; rank 0 then writes
+  // model.safetensors.index.json (the parts' weight maps), config.json, generation_config.json,
+  // the tokenizer files and the checksums, and renames the folder to step-N. On failure tmp is
+  // removed and titan::Error names the file.
+  void hf_parts_commit(const std::string& tmp, int64_t step, const models::Model& model,
+                       const nlohmann::json& parts);
+
   std::string folder() const { return folder_; }
 
  private:
@@ -134,6 +144,20 @@ class Checkpointer {
 // renamed (replacing an existing dir as a checkpoint step is).
 void export_hf(const std::string& dir, const models::Model& model, const std::string& dtype,
                const std::string& source_dir, int64_t max_shard_bytes = int64_t{5} << 30);
+
+// One file of a parallel Hugging Face export (Checkpointer::hf_parts_commit): the model's HF
+// tensors of the units added (copied, in the export dtype: the unit may be resharded after).
+class HfPart {
+ public:
+  void add_unit(const models::Model& model, int64_t unit, const std::string& dtype);
+  // Writes tmp/model-{part+1}-of-{parts}.safetensors; returns its "weight_map", "total_size"
+  // (data bytes) and "sums" (its checksums.json entry).
+  nlohmann::json write(const std::string& tmp, int64_t part, int64_t parts) const;
+
+ private:
+  std::vector<WriteTensor> tensors_;
+  std::vector<std::vector<uint8_t>> storage_;
+};
 
 // Loads model weights from a Hugging Face directory or a native step directory, after checking
 // the directory's checksums.json when it has one (verify). only: Hugging Face weights read

@@ -127,6 +127,18 @@ void Fsdp::gather_all() {
   exact_ = false;
 }
 
+void Fsdp::for_each_unit_whole(const std::function<void(int64_t)>& fn) {
+  reshard_all();
+  begin_pass(false);
+  exact_ = true;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    acquire(static_cast<int64_t>(i), false);
+    fn(static_cast<int64_t>(i));
+    reshard(units_[i]);
+  }
+  exact_ = false;
+}
+
 void Fsdp::begin_pass(bool backward_follows) {
   finish_grads();  // a tied lm_head's next gradient lands in unit 0's, which may be reducing
   backward_follows_ = backward_follows;

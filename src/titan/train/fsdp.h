@@ -27,6 +27,7 @@
 // and two units' full gradients exist (the one computing and the one being reduced).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,9 @@ class Fsdp final : public models::ParamHooks {
   // Every unit whole in the model, the fp32 masters exactly (an export, the error path's weight
   // check); reshard_all after.
   void gather_all();
+  // fn(u) for each unit u in turn while it alone is whole (the fp32 masters exactly; the next
+  // one on its way): what a parallel export reads, one unit's memory at a time.
+  void for_each_unit_whole(const std::function<void(int64_t unit)>& fn);
 
   // Since construction: seconds this object's collectives took from start to completion
   // (comm_seconds), and the part of them the model waited for, not hidden behind compute

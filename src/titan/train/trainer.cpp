@@ -372,6 +372,26 @@ void Trainer::maybe_checkpoint() {
         checkpointer_->sharded_commit(tmp, st, *model_, fsdp_->shards(), sums);
       }
     }
+  } else if (fsdp_ && cfg_.checkpoint.last_save_in_hf) {
+    // The Hugging Face export in parallel: unit u's tensors go to part u mod P (P = the ranks of
+    // replica 0, at most one per unit), each written by its rank from the unit gathered whole.
+    std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
+    broadcast_string(dist::world(), &tmp, 0);
+    if (mesh_.replicate_rank == 0) {
+      const int64_t units = static_cast<int64_t>(model_->param_units().size());
+      const int64_t parts = std::min<int64_t>(dims_.dp_shard, units);
+      ckpt::HfPart part;
+      fsdp_->for_each_unit_whole([&](int64_t u) {
+        if (u % parts == mesh_.fsdp_rank) part.add_unit(*model_, u, cfg_.checkpoint.export_dtype);
+      });
+      const nlohmann::json mine =
+          mesh_.fsdp_rank < parts ? part.write(tmp, mesh_.fsdp_rank, parts) : nlohmann::json();
+      nlohmann::json all = gather_json(*mesh_.fsdp, mine);
+      if (rank0()) {
+        all.erase(std::remove(all.begin(), all.end(), nlohmann::json()), all.end());
+        checkpointer_->hf_parts_commit(tmp, step_, *model_, all);
+      }
+    }
   } else {  // DDP, or the model-only export: rank 0 writes the whole state
     if (fsdp_) fsdp_->gather_all();
     if (rank0()) checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
