@@ -5,7 +5,11 @@
 // posix_fadvise DONTNEED on this file only). The load converts each file in one pass, in
 // parallel over 16 MiB chunks, hashing each 1 MiB block just before copying it out
 // (checksums.h read_verified); BM_load_previous is the loader before checksums (one read_f32 per
-// tensor). Also: hashing alone, and writing checksums.json after a save.
+// tensor). Also: hashing alone, and writing checksums.json after a save. fresh:1 loads into a
+// newly allocated model each time, as a resume does (its pages first touched by the load; the
+// allocation itself untimed); fresh:0 into the same model again. Fresh loads depend on what the
+// process freed before (a later one reuses huge pages an earlier one released): compare them
+// each alone, --benchmark_filter='verify:0/cold:0/fresh:1' and then 'verify:1/cold:0/fresh:1'.
 //
 //   ./build/benchmarks/titan_bench_checkpoint     (TITAN_BENCH_DIR: where the checkpoint goes;
 //                                                   default: the system temp directory)
@@ -87,19 +91,25 @@ void drop_from_cache(const std::string& path) {
   ::close(fd);
 }
 
-// range(0): verify checksums first; range(1): cold (file dropped from the page cache).
+// range(0): verify checksums first; range(1): cold (file dropped from the page cache);
+// range(2): fresh (a newly allocated model each time).
 void BM_load_checkpoint(benchmark::State& state) {
   const std::string& dir = checkpoint();
   const std::string file = dir + "/model.safetensors";
-  const bool verify = state.range(0) != 0, cold = state.range(1) != 0;
+  const bool verify = state.range(0) != 0, cold = state.range(1) != 0, fresh = state.range(2) != 0;
   const double cpu0 = process_cpu_seconds();
+  std::unique_ptr<titan::qwen3::Qwen3Model> m;
   for (auto _ : state) {
-    if (cold) {
+    if (cold || fresh) {
       state.PauseTiming();
-      drop_from_cache(file);
+      if (cold) drop_from_cache(file);
+      if (fresh) {
+        m.reset();
+        m = std::make_unique<titan::qwen3::Qwen3Model>(args(), 1, 16);
+      }
       state.ResumeTiming();
     }
-    titan::ckpt::load_model_weights(model(), dir, false, verify);
+    titan::ckpt::load_model_weights(fresh ? *m : model(), dir, false, verify);
   }
   state.counters["all_threads_cpu_ms"] =
       (process_cpu_seconds() - cpu0) * 1e3 / static_cast<double>(state.iterations());
@@ -141,11 +151,13 @@ void BM_verify_only(benchmark::State& state) {
 }
 
 BENCHMARK(BM_load_checkpoint)
-    ->ArgNames({"verify", "cold"})
-    ->Args({0, 0})
-    ->Args({1, 0})
-    ->Args({0, 1})
-    ->Args({1, 1})
+    ->ArgNames({"verify", "cold", "fresh"})
+    ->Args({0, 0, 0})
+    ->Args({1, 0, 0})
+    ->Args({0, 0, 1})
+    ->Args({1, 0, 1})
+    ->Args({0, 1, 1})
+    ->Args({1, 1, 1})
     ->Iterations(5)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "test_util.h"
+#include "titan/core/error.h"
 
 namespace titan::io {
 namespace {
@@ -52,6 +53,33 @@ TEST(FileIo, TempOfAReusedPidIsStaleButOneOfTheLiveWriterIsKept) {
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   EXPECT_FALSE(owner_alive(child, fresh));  // gone (and reaped)
+}
+
+// A step folder last written an hour ago, set aside as NAME.old-PID by a live writer (the
+// two-rename replacement), belongs to that writer: a rename keeps the modification time, so
+// rename_aside marks it now and owner_alive keeps it from another run's clean-up.
+TEST(FileIo, FolderSetAsideByALiveWriterIsItsEvenIfOld) {
+  const std::string dir = titan::testing::fresh_temp_dir("set_aside");
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the live writer
+    ::pause();
+    _exit(0);
+  }
+  const std::string step = dir + "/step-4", old = step + ".old-" + std::to_string(child);
+  fs::create_directories(step);
+  struct timespec times[2];
+  clock_gettime(CLOCK_REALTIME, &times[0]);
+  times[0].tv_sec -= 3600;
+  times[1] = times[0];
+  ASSERT_EQ(utimensat(AT_FDCWD, step.c_str(), times, 0), 0);
+  EXPECT_FALSE(owner_alive(child, step));  // as old as it looks
+  rename_aside(step, old);
+  EXPECT_TRUE(owner_alive(child, old));
+  EXPECT_THROW(rename_aside(step, old), Error);  // gone: one line naming both
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ void commit_dir(const fs::path& tmp, const fs::path& dst) {
   // No RENAME_EXCHANGE here: two renames; a crash between them leaves step-N.old-PID, which
   // the next run renames back (clean_stale).
   const fs::path old = dst.string() + ".old-" + std::to_string(getpid());
-  rename_or_throw(dst, old);
+  io::rename_aside(dst.string(), old.string());
   test::kill_point("save:replace");
   try {
     rename_or_throw(tmp, dst);

@@ -135,6 +135,14 @@ bool owner_alive(int64_t pid, const std::string& path) {
   return start <= static_cast<double>(st.st_mtime) + 2.0;
 }
 
+void rename_aside(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int e = errno;
+    throw Error("cannot rename " + from + " to " + to + " (" + errno_message(e) + ")");
+  }
+  (void)::utimensat(AT_FDCWD, to.c_str(), nullptr, 0);  // now; best effort
+}
+
 bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid) {
   const size_t dash = name.rfind('-');
   if (dash == std::string::npos) return false;

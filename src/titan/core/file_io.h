@@ -38,6 +38,11 @@ bool pid_alive(int64_t pid);
 // alive and started no later than path was last modified. A PID reused by a process started
 // after the writer died does not keep its leftovers.
 bool owner_alive(int64_t pid, const std::string& path);
+// Renames `from` to `to` (a NAME.KIND-PID temporary of this process: a step folder set aside)
+// and marks `to` modified now, so that owner_alive counts it as this process's, not as an old
+// leftover of a reused PID (a rename keeps the modification time). Throws titan::Error naming
+// both paths when the rename fails.
+void rename_aside(const std::string& from, const std::string& to);
 
 // Splits "BASE.KIND-PID" (KIND: tmp, old or del; PID all digits). False for other names.
 bool parse_temp_name(const std::string& name, std::string* base, std::string* kind, int64_t* pid);
