@@ -2,8 +2,9 @@
 # FSDP over 2 ranks x 1 thread against 1 process x 2 threads on debugmodel, the same global batch
 # (4 x 256 tokens), 12 steps each, runs alternating (this VM's speed wanders minute to minute).
 # Prints, per run, the median tokens/s of steps 4-12 (FSDP: summed over the ranks; the metrics
-# line's tps is per rank), the peak RSS per process, the ratio, the time FSDP spent in its
-# (blocking) collectives per step and its resident memory at the end.
+# line's tps is per rank), the peak RSS per process, the ratio, the time FSDP's collectives took
+# per step and the part of it the model waited for (not hidden behind compute), and its resident
+# memory at the end.
 # usage: benchmarks/fsdp_vs_threads.sh [BUILD_DIR] [RUNS]   (default build, 3)
 set -euo pipefail
 T="$(cd "${1:-build}" && pwd)/titan"
