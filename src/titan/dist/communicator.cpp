@@ -53,6 +53,21 @@ class Single final : public Communicator {
   std::unique_ptr<Request> all_gather_async(uint16_t*, const std::vector<int64_t>&) override {
     return std::make_unique<Done>();
   }
+  void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                  const std::vector<int64_t>& recv) override {
+    check(send.size() == 1 && recv.size() == 1 && send[0] == recv[0],
+          "all_to_all: one rank sends " + std::to_string(send.at(0)) + " values to itself but " +
+              "receives " + std::to_string(recv.at(0)));
+    if (in != out && send[0] > 0) std::memmove(out, in, static_cast<size_t>(send[0]) * 4);
+  }
+  std::unique_ptr<Request> all_to_all_async(const float* in, const std::vector<int64_t>& send,
+                                            float* out, const std::vector<int64_t>& recv) override {
+    all_to_all(in, send, out, recv);
+    return std::make_unique<Done>();
+  }
+  void all_to_all(const int64_t* in, int64_t* out, int64_t n) override {
+    if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n) * 8);
+  }
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<Single>(); }
@@ -260,6 +275,36 @@ class Mpi final : public Communicator {
     mpi_check(
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, c.data(), d.data(), MPI_FLOAT, c_),
         "Allgatherv");
+  }
+  void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                  const std::vector<int64_t>& recv) override {
+    all_to_all_async(in, send, out, recv)->wait();
+  }
+  std::unique_ptr<Request> all_to_all_async(const float* in, const std::vector<int64_t>& send,
+                                            float* out, const std::vector<int64_t>& recv) override {
+    std::vector<int> sc, sd, rc, rd;
+    int_counts(send, &sc, &sd, "all_to_all (send)");
+    int_counts(recv, &rc, &rd, "all_to_all (receive)");
+    count(4.0 * static_cast<double>([&] {
+            int64_t b = 0;
+            for (int q = 0; q < size_; ++q) b += q == rank_ ? 0 : send[static_cast<size_t>(q)];
+            return b;
+          }()));
+    return lane_submit(
+        [=, sc = std::move(sc), sd = std::move(sd), rc = std::move(rc), rd = std::move(rd)](
+            MPI_Comm comm, MPI_Request* r) {
+          return MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_FLOAT, out, rc.data(), rd.data(),
+                                MPI_FLOAT, comm, r);
+        },
+        "Ialltoallv");
+  }
+  void all_to_all(const int64_t* in, int64_t* out, int64_t n) override {
+    check(n * size_ < (int64_t{1} << 31),
+          "all_to_all: " + std::to_string(n) + " values per rank too many");
+    count(8.0 * static_cast<double>(n) * (size_ - 1));
+    mpi_check(MPI_Alltoall(in, static_cast<int>(n), MPI_INT64_T, out, static_cast<int>(n),
+                           MPI_INT64_T, c_),
+              "Alltoall");
   }
   void broadcast(void* data, int64_t bytes, int root) override {
     auto* p = static_cast<char*>(data);

@@ -56,6 +56,17 @@ class Communicator {
   // The same of 16-bit values (bf16 bits: FSDP's gathers under bf16 mixed precision).
   virtual std::unique_ptr<Request> all_gather_async(uint16_t* x,
                                                     const std::vector<int64_t>& counts) = 0;
+  // All-to-all(v) (expert parallelism's token dispatch and combine): rank p sends its block q of
+  // `in` (send[q] values; blocks consecutive in rank order) to rank q, and receives rank q's
+  // block for it into block q of `out` (recv[q] values, consecutive). send[q] on rank p must
+  // equal recv[p] on rank q: exchange the sizes first (the fixed-size overload below).
+  virtual void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                          const std::vector<int64_t>& recv) = 0;
+  virtual std::unique_ptr<Request> all_to_all_async(const float* in,
+                                                    const std::vector<int64_t>& send, float* out,
+                                                    const std::vector<int64_t>& recv) = 0;
+  // Fixed size: `n` values to every rank (in: size()·n, out: size()·n), e.g. split sizes.
+  virtual void all_to_all(const int64_t* in, int64_t* out, int64_t n) = 0;
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // The group of the ranks that pass the same color, ranked by key (MPI_Comm_split).
@@ -63,7 +74,8 @@ class Communicator {
 
   // Bytes this rank has sent into collectives so far, counted as the ring algorithms move them
   // (all-reduce 2·(p−1)/p·bytes, reduce-scatter and all-gather (p−1)/p·bytes of the full
-  // buffer): what the FSDP/DDP communication-volume check compares with the theory.
+  // buffer; all-to-all: the blocks for the other ranks): what the communication-volume checks
+  // compare with the theory.
   int64_t bytes_sent() const { return bytes_sent_; }
 
  protected:
