@@ -7,6 +7,7 @@
 // Without sharding the local slice is the whole tensor.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -126,6 +127,17 @@ class ParamHooks {
   virtual void grads_ready(int64_t u) = 0;
 };
 
+// Generation (titan generate): the keys and values of every layer for a set of sequences, so
+// that each new token runs through the model once. Made by Model::new_kv_cache.
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  virtual int64_t sequences() const = 0;
+  virtual int64_t capacity() const = 0;           // tokens per sequence (prompt + generated)
+  virtual int64_t length(int64_t seq) const = 0;  // tokens cached
+  virtual void clear(int64_t seq) = 0;            // the sequence starts again, empty
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -165,6 +177,20 @@ class Model {
   virtual ops::LossSum forward_loss(const Batch& b) = 0;
   // All logits, out[B·S, V]; for evaluation and parity checks.
   virtual void forward_logits(const Batch& b, float* out) = 0;
+
+  // ---- generation
+  // A cache for n_seq sequences of up to max_len tokens each; throws titan::Error when the model
+  // cannot serve it (no generation support, max_len beyond the model's positions).
+  virtual std::unique_ptr<KvCache> new_kv_cache(int64_t n_seq, int64_t max_len);
+  // Runs n new tokens through the model: tokens[i] is appended to sequence seq[i] at the next
+  // position (a sequence's tokens in order), attending to everything cached for it before and to
+  // its own earlier new tokens. logits[r, V] ← the logits of the last new token of each sequence
+  // of the call, in the order the sequences first appear; returns that number of rows. n is at
+  // most max_new_per_call(). Same kernels and precision as forward_logits: the logits of a prompt
+  // fed at once equal forward_logits' last rows up to the attention's summation order.
+  virtual int64_t forward_cached(KvCache& cache, const int32_t* tokens, const int32_t* seq,
+                                 int64_t n, float* logits);
+  virtual int64_t max_new_per_call() const { return 0; }
 
   // ---- FLOPs (torchtitan's formula) for MFU
   virtual double flops_per_token(int64_t seq_len) const = 0;

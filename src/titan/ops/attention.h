@@ -53,3 +53,19 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
                         float* workspace);
 
 }  // namespace titan::ops
+
+namespace titan::ops {
+
+// Attention of new tokens against a key/value cache (generation: a prompt's prefill, then one
+// token per step). For each new token t (of T) and query head h:
+//   o[t, h] = Σ_{j < n_keys[t]} softmax_j(q[t,h]·k_t[j, g]·scale) · v_t[j, g],   g = h / (Hq/Hkv)
+// where k_t = k[t], v_t = v[t] point at the cached keys/values of t's sequence ([n, Hkv·d],
+// row stride ldkv; the new tokens' own rows already appended), and n_keys[t] = t's position + 1
+// (causal: a token sees its sequence up to itself). q[T, Hq, d] has token stride ldq; o[T, Hq·d]
+// is contiguous. Scores, softmax and sums in fp32; the softmax subtracts the row maximum.
+// Parallel over (token, head); no workspace (a thread's scores are on its stack or heap).
+void attention_cached(const float* q, int64_t ldq, const float* const* k, const float* const* v,
+                      const int32_t* n_keys, int64_t ldkv, int64_t T, int64_t Hq, int64_t Hkv,
+                      int64_t d, float scale, float* o);
+
+}  // namespace titan::ops

@@ -62,6 +62,7 @@ std::vector<std::string> Backend::missing() const {
   need(attention_segments, "attention_segments");
   need(attention_fwd, "attention_fwd");
   need(attention_bwd, "attention_bwd");
+  need(attention_cached, "attention_cached");
   need(lm_head_ce, "lm_head_ce");
   need(router_fwd, "router_fwd");
   need(router_bwd, "router_bwd");

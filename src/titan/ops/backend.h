@@ -51,8 +51,9 @@ struct Backend {
   decltype(&ops::attention_segments) attention_segments = nullptr;  // attention.h
   decltype(&ops::attention_fwd) attention_fwd = nullptr;
   decltype(&ops::attention_bwd) attention_bwd = nullptr;
-  decltype(&ops::lm_head_ce) lm_head_ce = nullptr;  // loss.h
-  decltype(&ops::router_fwd) router_fwd = nullptr;  // router.h
+  decltype(&ops::attention_cached) attention_cached = nullptr;  // generation (fp32)
+  decltype(&ops::lm_head_ce) lm_head_ce = nullptr;              // loss.h
+  decltype(&ops::router_fwd) router_fwd = nullptr;              // router.h
   decltype(&ops::router_bwd) router_bwd = nullptr;
   decltype(&ops::topk_rows) topk_rows = nullptr;
   decltype(&ops::count_experts) count_experts = nullptr;

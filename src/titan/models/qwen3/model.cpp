@@ -338,7 +338,8 @@ ops::LossSum Qwen3Model::forward_loss(const Batch& b) { return run(b, 0.0f, 0.0f
 void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, 0.0f, false, out); }
 
 // The block's forward: saved_[l] gets what its backward reads; out = its output.
-void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count) {
+void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count,
+                               const Cached* cached) {
   const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
   const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
                 QKV = a_.qkv_dim();
@@ -357,7 +358,18 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
   be_.rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
   call_rope(l, true, s.qr, b, Hq, Q);
   call_rope(l, true, s.kr, b, Hkv, KV);
-  be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
+  if (cached) {  // generation: append the new keys and values, attend to the cache
+    const Cached& c = *cached;
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(s.kr + t * KV, KV, c.k + c.row[t] * KV);
+      std::copy_n(s.qkv + t * QKV + Q + KV, KV, c.v + c.row[t] * KV);
+      c.kp[t] = c.k + c.seq_row[t] * KV;
+      c.vp[t] = c.v + c.seq_row[t] * KV;
+    }
+    be_.attention_cached(s.qr, Q, c.kp, c.vp, c.n_keys, KV, T, Hq, Hkv, d, as.scale, s.o);
+  } else {
+    be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
+  }
   linear(s.o, w.wo, tmp_, T, Q, D);
   be_.add(s.x, tmp_, s.hmid, T * D);
   be_.rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
@@ -515,6 +527,100 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);  // reads no weights
   grads_ready(0);
   return loss;
+}
+
+namespace {
+class Qwen3KvCache final : public models::KvCache {
+ public:
+  Qwen3KvCache(int64_t layers, int64_t n_seq, int64_t max_len, int64_t kv_dim)
+      : n_seq_(n_seq), cap_(max_len), len_(static_cast<size_t>(n_seq), 0) {
+    k_.resize(layers * n_seq * max_len * kv_dim);
+    v_.resize(layers * n_seq * max_len * kv_dim);
+  }
+  int64_t sequences() const override { return n_seq_; }
+  int64_t capacity() const override { return cap_; }
+  int64_t length(int64_t seq) const override { return len_.at(static_cast<size_t>(seq)); }
+  void clear(int64_t seq) override { len_.at(static_cast<size_t>(seq)) = 0; }
+
+  int64_t n_seq_, cap_;
+  std::vector<int64_t> len_;
+  Buffer<float> k_, v_;  // [layers, n_seq, max_len, kv_dim]
+};
+}  // namespace
+
+std::unique_ptr<models::KvCache> Qwen3Model::new_kv_cache(int64_t n_seq, int64_t max_len) {
+  check(n_seq >= 1 && max_len >= 1, "a key/value cache needs at least one sequence and token");
+  check(max_len <= max_seq_, "a key/value cache of " + std::to_string(max_len) +
+                                 " tokens per sequence exceeds the model's positions (built for " +
+                                 std::to_string(max_seq_) + ")");
+  return std::make_unique<Qwen3KvCache>(a_.n_layers, n_seq, max_len, a_.kv_dim());
+}
+
+int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, const int32_t* seq,
+                                   int64_t n, float* logits) {
+  auto* c = dynamic_cast<Qwen3KvCache*>(&kc);
+  check(c, "forward_cached: the cache was not made by this model");
+  check(n >= 1 && n <= max_tokens_, "forward_cached: " + std::to_string(n) +
+                                        " new tokens; at most " + std::to_string(max_tokens_) +
+                                        " per call");
+  const int64_t D = a_.dim, V = a_.vocab_size, KV = a_.kv_dim(), cap = c->cap_;
+  const auto T = static_cast<size_t>(n);
+  std::vector<int64_t> len = c->len_, row(T), seq_row(T), last;  // last: per output row, token
+  std::vector<int32_t> pos(T), n_keys(T);
+  std::vector<const float*> kp(T), vp(T);
+  std::vector<int64_t> out_of(static_cast<size_t>(c->n_seq_), -1);  // sequence → output row
+  for (size_t i = 0; i < T; ++i) {
+    const int64_t sq = seq[i];
+    check(sq >= 0 && sq < c->n_seq_, "forward_cached: sequence " + std::to_string(sq) +
+                                         " outside the cache's " + std::to_string(c->n_seq_));
+    check(tokens[i] >= 0 && tokens[i] < V, "forward_cached: token id " + std::to_string(tokens[i]) +
+                                               " outside the vocabulary of " + std::to_string(V));
+    auto& l = len[static_cast<size_t>(sq)];
+    check(l < cap, "forward_cached: sequence " + std::to_string(sq) + " is full (" +
+                       std::to_string(cap) + " tokens)");
+    pos[i] = static_cast<int32_t>(l);
+    n_keys[i] = static_cast<int32_t>(l + 1);
+    seq_row[i] = sq * cap;
+    row[i] = sq * cap + l++;
+    auto& r = out_of[static_cast<size_t>(sq)];
+    if (r < 0) {
+      r = static_cast<int64_t>(last.size());
+      last.push_back(0);
+    }
+    last[static_cast<size_t>(r)] = static_cast<int64_t>(i);
+  }
+  const Batch b{1, n, tokens, nullptr, pos.data()};
+  const float* P = params_buf_.data();
+  if (hooks_) hooks_->begin_pass(false);
+  acquire(0, false);
+  be_.embedding_fwd(tokens, n, P + tok_emb_, V, D, saved_[0].x);
+  release(0, false);
+  const int64_t layer_rows = c->n_seq_ * cap * KV;
+  for (int64_t l = 0; l < a_.n_layers; ++l) {
+    const Cached cached{c->k_.data() + l * layer_rows,
+                        c->v_.data() + l * layer_rows,
+                        row.data(),
+                        seq_row.data(),
+                        n_keys.data(),
+                        kp.data(),
+                        vp.data()};
+    acquire(l + 1, false);
+    layer_forward(l, b, l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_, false, &cached);
+    release(l + 1, false);
+  }
+  // The final norm and the lm_head of each sequence's last new token only.
+  const auto R = static_cast<int64_t>(last.size());
+  for (int64_t r = 0; r < R; ++r)
+    std::copy_n(h_final_ + last[static_cast<size_t>(r)] * D, D, tmp_ + r * D);
+  const int64_t head = a_.n_layers + 1;
+  acquire(head, false);
+  if (a_.tie_embeddings) acquire(0, false);
+  be_.rmsnorm_fwd({R, 1, D, D, D}, tmp_, P + norm_, a_.norm_eps, xf_, rstd_f_);
+  linear(xf_, lm_head_, logits, R, D, V);
+  release(head, false);
+  if (a_.tie_embeddings) release(0, false);
+  c->len_ = std::move(len);
+  return R;
 }
 
 void Qwen3Model::release(int64_t u, bool backward) {

@@ -94,6 +94,16 @@ class Qwen3Model final : public models::Model {
   // training never forms all logits.
   void forward_logits(const Batch& b, float* out) override;
 
+  // ---- generation (models::KvCache): keys and values after k_norm and RoPE, fp32, per layer
+  // [n_seq, max_len, kv_dim]; max_len at most the model's seq_len (its RoPE table). Each call of
+  // forward_cached runs its tokens as one microbatch row (at most batch·seq_len tokens) through
+  // the training forward's kernels, with attention_cached in place of attention_fwd (fp32 also
+  // under bf16 mixed precision, where the GEMMs run on the bf16 weight copy as in training).
+  std::unique_ptr<models::KvCache> new_kv_cache(int64_t n_seq, int64_t max_len) override;
+  int64_t forward_cached(models::KvCache& cache, const int32_t* tokens, const int32_t* seq,
+                         int64_t n, float* logits) override;
+  int64_t max_new_per_call() const override { return max_tokens_; }
+
   // ---- MoE state
   // The auxiliary load-balancing loss of the last forward (HF load_balancing_loss_func over all
   // MoE layers' router probabilities, pooled; no coefficient); 0 for a dense model.
@@ -145,7 +155,17 @@ class Qwen3Model final : public models::Model {
   // loss and its gradient w.r.t. the probabilities.
   void aux_accumulate(int64_t l, int64_t T);
   void aux_finish(int64_t T, bool backward, float aux_weight);
-  void layer_forward(int64_t l, const Batch& b, float* out, bool count);
+  // Generation: where layer_forward appends the new tokens' keys and values and what they attend
+  // to (attention_cached's arguments; per-layer cache pointers = layer base + these offsets).
+  struct Cached {
+    float *k, *v;            // this layer's cache, rows of kv_dim
+    const int64_t* row;      // [T] the row of each new token (seq·max_len + position)
+    const int64_t* seq_row;  // [T] the row of its sequence's position 0
+    const int32_t* n_keys;   // [T] position + 1
+    const float **kp, **vp;  // [T] scratch: the token's sequence's keys and values
+  };
+  void layer_forward(int64_t l, const Batch& b, float* out, bool count,
+                     const Cached* cached = nullptr);
   void layer_backward(int64_t l, const Batch& b);
   void recompute_cheap(int64_t l, const Batch& b);
   ops::LossSum run(const Batch& b, float grad_scale, float aux_weight, bool backward,

@@ -47,6 +47,7 @@ Backend cpu_backend() {
   b.attention_segments = ops::attention_segments;
   b.attention_fwd = ops::attention_fwd;
   b.attention_bwd = ops::attention_bwd;
+  b.attention_cached = ops::attention_cached;
   b.lm_head_ce = ops::lm_head_ce;
   b.router_fwd = ops::router_fwd;
   b.router_bwd = ops::router_bwd;
