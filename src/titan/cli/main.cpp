@@ -16,6 +16,7 @@
 #include "titan/data/token_shard.h"
 #include "titan/data/tokenizer.h"
 #include "titan/dist/communicator.h"
+#include "titan/infer/generate.h"
 #include "titan/models/registry.h"
 #include "titan/plugin/registry.h"
 #include "titan/train/check_kernel.h"
@@ -30,6 +31,13 @@ const char* kUsage =
     "       titan eval --config NAME [--model.hf_assets_path DIR | --checkpoint.initial_load_path "
     "P]\n"
     "                  [--eval.tokens_path F.safetensors [--eval.logits_out OUT.safetensors]]\n"
+    "       titan generate --config NAME [--model.hf_assets_path DIR | "
+    "--checkpoint.initial_load_path P]\n"
+    "                  (--prompt TEXT | --prompts_file F.jsonl) [--chat [--system TEXT] "
+    "[--enable_thinking]]\n"
+    "                  [--max_new_tokens N] [--greedy | --temperature T --top_k K --top_p P "
+    "--seed S]\n"
+    "                  [--ignore_eos] [--output F.jsonl]\n"
     "       titan plan --config NAME [flags]   (the memory the run needs, nothing allocated)\n"
     "       titan check-kernel --config NAME --override.imports LIB[,LIB] [flags]\n"
     "       titan tokenize --tokenizer DIR|byte --text TEXT [--bos_eos]\n"
@@ -62,6 +70,8 @@ void load_modules(std::vector<std::string>& args) {
 // An example command line for `cmd`, for the "--config is required" message.
 std::string example(const std::string& cmd) {
   if (cmd == "eval") return "titan eval --config qwen3_debugmodel --model.hf_assets_path DIR";
+  if (cmd == "generate")
+    return "titan generate --config qwen3_debugmodel --model.hf_assets_path DIR --prompt TEXT";
   if (cmd == "check-kernel")
     return "titan check-kernel --config qwen3_debugmodel --override.imports LIB";
   if (cmd == "config show") return "titan config show --config qwen3_debugmodel";
@@ -206,6 +216,20 @@ int run(std::vector<std::string> args) {
                 static_cast<long long>(r.tokens));
     return 0;
   }
+  if (cmd == "generate") {
+    const titan::infer::GenerateOptions o = titan::infer::take_generate_flags(args);
+    load_modules(args);
+    const std::string name = take_config_name(args, cmd);
+    titan::config::JobConfig cfg = titan::config::build_job_config(
+        name, args, titan::infer::validate_generate_config);
+    const titan::infer::GenerateResult r = titan::infer::generate(cfg, o);
+    if (r.completions.size() > 1 && o.output.empty())
+      for (size_t i = 0; i < r.completions.size(); ++i)
+        std::printf("[%zu] %s\n", i, r.completions[i].text.c_str());
+    std::fprintf(stderr, "generate: prefill %.1f tokens/s, decode %.1f tokens/s\n",
+                 r.prefill_tokens_per_s, r.decode_tokens_per_s);
+    return 0;
+  }
   if (cmd == "tokenize") return tokenize(args);
   if (cmd == "plan") {
     titan::config::JobConfig cfg = build_config(args, cmd);
@@ -233,7 +257,7 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   throw titan::Error("unknown command '" + cmd +
-                     "'; commands: train, eval, plan, tokenize, check-kernel, config");
+                     "'; commands: train, eval, generate, plan, tokenize, check-kernel, config");
 }
 
 }  // namespace
