@@ -8,6 +8,11 @@
 // copied. One primitive (with its memory objects and a user-managed scratchpad) is created per
 // distinct (shape, layout, accumulate) and cached, so steady-state calls create nothing.
 // Not thread-safe: call from the driving thread; oneDNN parallelizes inside.
+//
+// Exception: a product of at most 4 rows with a transposed B (a linear layer's forward for one
+// token per sequence: generation's decode) is memory bound, and oneDNN 2.6 reads B at about half
+// the machine's rate there; it runs as row dot products instead (gemm.cpp gemv: fp32 sums of
+// exact products in a fixed order, independent of threads), as do gemm_bf16's.
 #pragma once
 #include <cstdint>
 #include <string>

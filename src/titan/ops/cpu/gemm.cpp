@@ -1,6 +1,8 @@
 #include "titan/ops/gemm.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -11,6 +13,7 @@
 #include "titan/core/buffer.h"
 #include "titan/core/dtype.h"
 #include "titan/ops/elementwise.h"
+#include "titan/ops/simd.h"
 
 namespace titan::ops {
 namespace {
@@ -164,9 +167,69 @@ void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   gemm_rows_any(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, false);
 }
 
+namespace {
+
+// Few rows of A against a transposed B (a linear layer's forward in generation's decode, one
+// token per sequence): C[m, n] (+)= Σ_k A[m,k]·B[n,k] for M <= kGemvRows. Memory bound, so not
+// oneDNN: each thread reads one contiguous block of B's rows once (the hardware prefetchers
+// stream it) and keeps the M rows of A in cache. Each dot product sums exact fp32 products (bf16
+// values widened) in 16 fp32 lanes in a fixed order: the result does not depend on threads.
+constexpr int64_t kGemvRows = 4;
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
+
+template <int M, typename T>
+TITAN_CLONES void dot_rows(const T* a, int64_t lda, const T* b, int64_t K, float* out) {
+  float acc[M][16] = {};
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    float bk[16];
+    for (int j = 0; j < 16; ++j) bk[j] = to_f32(b[k + j]);
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 16; ++j) acc[m][j] += to_f32(a[m * lda + k + j]) * bk[j];
+  }
+  for (int m = 0; m < M; ++m) {
+    float s = 0.f;
+    for (int64_t i = k; i < K; ++i) s += to_f32(a[m * lda + i]) * to_f32(b[i]);
+    for (int j = 0; j < 16; ++j) s += acc[m][j];
+    out[m] = s;
+  }
+}
+
+template <typename T>
+void gemv(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+          float* C, int64_t ldc, bool accumulate) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float r[kGemvRows];
+    const T* b = B + n * ldb;
+    switch (M) {
+      case 1:
+        dot_rows<1>(A, lda, b, K, r);
+        break;
+      case 2:
+        dot_rows<2>(A, lda, b, K, r);
+        break;
+      case 3:
+        dot_rows<3>(A, lda, b, K, r);
+        break;
+      default:
+        dot_rows<4>(A, lda, b, K, r);
+    }
+    for (int64_t m = 0; m < M; ++m) C[m * ldc + n] = accumulate ? C[m * ldc + n] + r[m] : r[m];
+  }
+}
+
+bool gemv_shape(bool trans_a, bool trans_b, int64_t M, int64_t K) {
+  return !trans_a && trans_b && M <= kGemvRows && K > 0;
+}
+
+}  // namespace
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
+  if (gemv_shape(trans_a, trans_b, M, K)) return gemv(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
   Entry& e = lookup(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, false});
   e.a.set_data_handle(const_cast<float*>(A));
   e.b.set_data_handle(const_cast<float*>(B));
@@ -226,6 +289,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
                int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
                bool accumulate) {
   if (M == 0 || N == 0) return;
+  if (gemv_shape(trans_a, trans_b, M, K)) return gemv(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
   if (!bf16_gemm_native() || K == 0) {
     gemm_bf16_converting(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
     return;
