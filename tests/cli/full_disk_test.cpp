@@ -1,4 +1,4 @@
-// A full disk: titan writing metrics, checkpoints, the final export and `titan tokenize` output
+// A full disk: titan writing metrics (TensorBoard aside: see its test), checkpoints, the final export and `titan tokenize` output
 // to a small tmpfs filled up to a chosen point. Each write that does not fit fails with one
 // "titan: error:" line naming the file and the reason, a non-zero exit, and leaves no
 // half-written file: no temporary names, metrics.jsonl whole lines only, every step folder
@@ -112,6 +112,28 @@ TEST_F(FullDisk, Metrics) {
   expect_clean_failure(
       r, {mnt_ + "/out/metrics.jsonl", "the metrics record of step 1", "No space left on device"});
   EXPECT_FALSE(fs::exists(mnt_ + "/out/metrics.jsonl")) << "an empty file was left";
+}
+
+// TensorBoard is an observer: when its file no longer fits, the run says so once and goes on
+// (metrics.jsonl and the checkpoints still matter).
+TEST_F(FullDisk, TensorBoardFullKeepsTraining) {
+  // The TensorBoard folder on its own 8 KiB tmpfs (its 30 steps need about 20 KiB); the rest has
+  // room.
+  const std::string tb = mnt_ + "/out/tb";
+  fs::create_directories(tb);
+  ASSERT_EQ(::mount("tmpfs", tb.c_str(), "tmpfs", 0, "size=8k"), 0) << std::strerror(errno);
+  Result r = titan(train("--metrics.enable_tensorboard --training.steps 30"));
+  ::umount2(tb.c_str(), MNT_DETACH);
+  EXPECT_EQ(r.code, 0) << r.out;
+  const std::string off = "TensorBoard is off for the rest of this run";
+  const size_t at = r.out.find(off);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(off, at + 1), std::string::npos) << "said once:\n" << r.out;
+  EXPECT_NE(r.out.find("No space left on device"), std::string::npos) << r.out;
+  std::ifstream f(mnt_ + "/out/metrics.jsonl");
+  int lines = 0;
+  for (std::string l; std::getline(f, l);) ++lines;
+  EXPECT_EQ(lines, 30);
 }
 
 TEST_F(FullDisk, Checkpoint) {

@@ -69,6 +69,9 @@ std::vector<Field> fields(JobConfig& c) {
       {"metrics.log_freq", &c.metrics.log_freq, "log every N steps (and step 1)"},
       {"metrics.disable_color_printing", &c.metrics.disable_color_printing, "plain console"},
       {"metrics.enable_jsonl", &c.metrics.enable_jsonl, "write {dump_folder}/metrics.jsonl"},
+      {"metrics.enable_tensorboard", &c.metrics.enable_tensorboard,
+       "write TensorBoard event files to {dump_folder}/{save_tb_folder}"},
+      {"metrics.save_tb_folder", &c.metrics.save_tb_folder, "TensorBoard folder under dump_folder"},
       {"metrics.peak_flops", &c.metrics.peak_flops,
        "peak FLOP/s for MFU (0: measure with a GEMM probe)"},
       {"dataloader.dataset", &c.dataloader.dataset,
@@ -488,6 +491,8 @@ void validate(const JobConfig& c) {
   check(c.lr_scheduler.decay_ratio < 0 || c.lr_scheduler.decay_ratio <= 1,
         "lr_scheduler.decay_ratio must be in [0, 1] (or negative for none)");
   check(c.metrics.log_freq > 0, "metrics.log_freq must be positive");
+  check(!c.metrics.enable_tensorboard || !c.metrics.save_tb_folder.empty(),
+        "metrics.save_tb_folder must not be empty with metrics.enable_tensorboard (default: tb)");
   check(c.loss.num_chunks > 0, "loss.num_chunks must be positive");
   const auto& ac = c.activation_checkpoint;
   check(ac.mode == "none" || ac.mode == "selective" || ac.mode == "full",

@@ -59,8 +59,10 @@ struct LRSchedulerConfig {
 struct MetricsConfig {
   int64_t log_freq = 10;
   bool disable_color_printing = false;
-  bool enable_jsonl = true;  // {dump_folder}/metrics.jsonl
-  double peak_flops = 0;     // FLOP/s for MFU; 0 = measure with a GEMM probe at start
+  bool enable_jsonl = true;         // {dump_folder}/metrics.jsonl
+  bool enable_tensorboard = false;  // event files in {dump_folder}/{save_tb_folder}
+  std::string save_tb_folder = "tb";
+  double peak_flops = 0;  // FLOP/s for MFU; 0 = measure with a GEMM probe at start
 };
 
 struct DataLoaderConfig {

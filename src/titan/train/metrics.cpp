@@ -119,8 +119,15 @@ int64_t trim_metrics(const std::string& path, int64_t start_step) {
   return dropped;
 }
 
-MetricsWriter::MetricsWriter(const std::string& jsonl_path, bool color, int64_t start_step)
+MetricsWriter::~MetricsWriter() = default;
+
+MetricsWriter::MetricsWriter(const std::string& jsonl_path, bool color, int64_t start_step,
+                             const std::string& tb_dir)
     : color_(color) {
+  if (!tb_dir.empty()) {
+    tb_ = std::make_unique<TensorBoardWriter>(tb_dir);
+    log::info("TensorBoard: " + tb_->path());
+  }
   if (jsonl_path.empty()) return;
   std::error_code ec;
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
@@ -147,11 +154,46 @@ void MetricsWriter::append(const std::string& line, int64_t step) {
 void MetricsWriter::log(const StepMetrics& m) {
   log::info(format_console(m, color_));
   append(format_jsonl(m), m.step);
+  if (!tb_) return;
+  std::vector<std::pair<std::string, double>> s = {
+      {"loss_metrics/global_avg_loss", m.loss},
+      {"grad_norm", m.grad_norm},
+      {"lr/AdamW", m.lr},
+      {"throughput(tps)", m.tps},
+      {"tflops", m.tflops},
+      {"mfu(%)", m.mfu},
+      {"time_metrics/end_to_end(s)", m.step_time},
+      {"time_metrics/data_loading(s)", m.data_loading_time},
+      {"time_metrics/data_loading(%)",
+       m.step_time > 0 ? 100.0 * m.data_loading_time / m.step_time : 0.0},
+      {"memory/max_reserved(GiB)", m.memory_gib},
+      {"memory/max_reserved(%)", m.memory_pct},
+      {"n_tokens_seen", static_cast<double>(m.n_tokens_seen)}};
+  if (std::isfinite(m.aux_loss)) s.push_back({"moe/aux_loss", m.aux_loss});
+  for (const auto& e : m.expert_load) {
+    s.push_back({"moe/layer_" + std::to_string(e.layer) + "/min_tokens", e.min});
+    s.push_back({"moe/layer_" + std::to_string(e.layer) + "/max_tokens", e.max});
+  }
+  tb(s, m.step);
 }
 
 void MetricsWriter::log_validation(const ValidationMetrics& m) {
   log::info(format_validation_console(m, color_));
   append(format_validation_jsonl(m), m.step);
+  if (tb_)
+    tb({{"validation_metrics/loss", m.loss},
+        {"validation_metrics/throughput(tps)", m.tps},
+        {"validation_metrics/memory/max_reserved(GiB)", m.memory_gib}},
+       m.step);
+}
+
+void MetricsWriter::tb(const std::vector<std::pair<std::string, double>>& scalars, int64_t step) {
+  try {
+    for (const auto& [tag, v] : scalars) tb_->scalar(tag, v, step);
+  } catch (const Error& e) {
+    log::warn(std::string(e.what()) + "; TensorBoard is off for the rest of this run");
+    tb_.reset();
+  }
 }
 
 }  // namespace titan::train

@@ -1,11 +1,14 @@
-// torchtitan's metrics: the console line and a JSONL record per logged step.
+// torchtitan's metrics: the console line, a JSONL record per logged step, and TensorBoard
+// scalars (metrics.enable_tensorboard).
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "titan/core/file_io.h"
+#include "titan/train/tensorboard.h"
 
 namespace titan::train {
 
@@ -51,7 +54,12 @@ class MetricsWriter {
   // records of steps after start_step (written by the run this one resumes, after its
   // checkpoint, or by an earlier run in the same folder; and a line cut short by a kill) are
   // dropped first (the file rewritten through a temporary name), so no step appears twice.
-  MetricsWriter(const std::string& jsonl_path, bool color, int64_t start_step = 0);
+  // tb_dir non-empty: also TensorBoard event files there (train/tensorboard.h) with torchtitan's
+  // tags; a folder that cannot be made is an error here, a write that fails later is reported
+  // once and TensorBoard is off for the rest of the run (training goes on).
+  MetricsWriter(const std::string& jsonl_path, bool color, int64_t start_step = 0,
+                const std::string& tb_dir = "");
+  ~MetricsWriter();
   // Each record is appended whole or not at all: a failed write (a full disk) truncates the file
   // back and throws titan::Error naming it.
   void log(const StepMetrics& m);
@@ -59,7 +67,9 @@ class MetricsWriter {
 
  private:
   void append(const std::string& line, int64_t step);
+  void tb(const std::vector<std::pair<std::string, double>>& scalars, int64_t step);
   io::AppendFile jsonl_;
+  std::unique_ptr<TensorBoardWriter> tb_;
   bool color_;
 };
 

@@ -446,7 +446,10 @@ void Trainer::train() {
 
   MetricsWriter writer(
       cfg_.metrics.enable_jsonl && rank0() ? cfg_.dump_folder + "/metrics.jsonl" : "", log::color(),
-      step_);
+      step_,
+      cfg_.metrics.enable_tensorboard && rank0()
+          ? cfg_.dump_folder + "/" + cfg_.metrics.save_tb_folder
+          : "");
   const double flops_per_token = model_->flops_per_token(t.seq_len);
   double last_log = cpu::now_seconds(), data_since_log = 0;
   int64_t tokens_since_log = 0, steps_since_log = 0;
