@@ -22,6 +22,7 @@
 #include "titan/train/check_kernel.h"
 #include "titan/train/evaluate.h"
 #include "titan/train/memory_plan.h"
+#include "titan/train/plot.h"
 #include "titan/train/trainer.h"
 
 namespace {
@@ -38,6 +39,7 @@ const char* kUsage =
     "                  [--max_new_tokens N] [--greedy | --temperature T --top_k K --top_p P "
     "--seed S]\n"
     "                  [--ignore_eos] [--output F.jsonl]\n"
+    "       titan plot DUMP_FOLDER [--output F.svg] [--title TEXT]   (loss, lr against step)\n"
     "       titan plan --config NAME [flags]   (the memory the run needs, nothing allocated)\n"
     "       titan check-kernel --config NAME --override.imports LIB[,LIB] [flags]\n"
     "       titan tokenize --tokenizer DIR|byte --text TEXT [--bos_eos]\n"
@@ -220,14 +222,31 @@ int run(std::vector<std::string> args) {
     const titan::infer::GenerateOptions o = titan::infer::take_generate_flags(args);
     load_modules(args);
     const std::string name = take_config_name(args, cmd);
-    titan::config::JobConfig cfg = titan::config::build_job_config(
-        name, args, titan::infer::validate_generate_config);
+    titan::config::JobConfig cfg =
+        titan::config::build_job_config(name, args, titan::infer::validate_generate_config);
     const titan::infer::GenerateResult r = titan::infer::generate(cfg, o);
     if (r.completions.size() > 1 && o.output.empty())
       for (size_t i = 0; i < r.completions.size(); ++i)
         std::printf("[%zu] %s\n", i, r.completions[i].text.c_str());
     std::fprintf(stderr, "generate: prefill %.1f tokens/s, decode %.1f tokens/s\n",
                  r.prefill_tokens_per_s, r.decode_tokens_per_s);
+    return 0;
+  }
+  if (cmd == "plot") {
+    titan::check(
+        !args.empty() && args[0].rfind("--", 0) != 0,
+        "titan plot needs a run's dump_folder: titan plot DIR [--output F.svg] [--title TEXT]");
+    const std::string dir = args[0];
+    std::string out = dir + "/loss.svg", title = "titan: " + dir;
+    for (size_t i = 1; i < args.size(); ++i) {
+      if ((args[i] == "--output" || args[i] == "--title") && i + 1 < args.size())
+        (args[i] == "--output" ? out : title) = args[i + 1], ++i;
+      else
+        throw titan::Error("titan plot: unknown argument '" + args[i] +
+                           "'; usage: titan plot DIR [--output F.svg] [--title TEXT]");
+    }
+    titan::train::plot_metrics(dir + "/metrics.jsonl", out, title);
+    std::printf("wrote %s\n", out.c_str());
     return 0;
   }
   if (cmd == "tokenize") return tokenize(args);
@@ -256,8 +275,9 @@ int run(std::vector<std::string> args) {
                 resolved_model(cfg).c_str());
     return 0;
   }
-  throw titan::Error("unknown command '" + cmd +
-                     "'; commands: train, eval, generate, plan, tokenize, check-kernel, config");
+  throw titan::Error(
+      "unknown command '" + cmd +
+      "'; commands: train, eval, generate, plot, plan, tokenize, check-kernel, config");
 }
 
 }  // namespace
