@@ -18,6 +18,7 @@
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
 #include "titan/core/log.h"
+#include "titan/core/progress.h"
 #include "titan/core/test_hooks.h"
 
 namespace titan::ckpt {
@@ -462,6 +463,9 @@ void read_native(const SafetensorsSet& set, const std::vector<Want>& wants,
               "; only F32, F16, BF16 and F64 convert to fp32");
     per_file[index.at(file)].push_back({t, w.dst});
   }
+  int64_t total = 0;
+  for (const auto& f : set.files()) total += static_cast<int64_t>(f.size());
+  Progress progress("loading " + set.path(), total);
   for (size_t i = 0; i < set.files().size(); ++i) {
     const SafetensorsFile& f = set.files()[i];
     const FileSum* sum = nullptr;
@@ -469,7 +473,7 @@ void read_native(const SafetensorsSet& set, const std::vector<Want>& wants,
       auto it = sums->find(fs::path(f.path()).filename().string());
       if (it != sums->end()) sum = &it->second;
     }
-    read_verified(f.path(), f.bytes(), f.size(), std::move(per_file[i]), sum);
+    read_verified(f.path(), f.bytes(), f.size(), std::move(per_file[i]), sum, &progress);
   }
 }
 
@@ -486,7 +490,15 @@ void check_params_present(const models::Model& model, const SafetensorsSet& set,
 void read_weights(models::Model& model, const SafetensorsSet& set, const std::string& path, bool hf,
                   const std::optional<std::map<std::string, FileSum>>& sums, const Segments* only) {
   if (hf) {
-    model.load_hf(set, path, only);
+    Progress progress("loading " + path, set.total_bytes());
+    set.set_progress(&progress);
+    try {
+      model.load_hf(set, path, only);
+    } catch (...) {
+      set.set_progress(nullptr);
+      throw;
+    }
+    set.set_progress(nullptr);
     return;
   }
   check_params_present(model, set, path);

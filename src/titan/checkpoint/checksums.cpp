@@ -19,6 +19,7 @@
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
+#include "titan/core/progress.h"
 
 namespace titan::ckpt {
 namespace fs = std::filesystem;
@@ -159,7 +160,7 @@ std::optional<std::map<std::string, FileSum>> read_checksums(const std::string& 
 }
 
 void read_verified(const std::string& path, const uint8_t* file, size_t size,
-                   std::vector<TensorRead> reads, const FileSum* sum) {
+                   std::vector<TensorRead> reads, const FileSum* sum, Progress* progress) {
   check(!sum || sum->bytes == size,
         path + ": " + std::to_string(size) + " bytes, but " + kChecksumsName + " records " +
             std::to_string(sum ? sum->bytes : 0) + "; the file is truncated or damaged");
@@ -210,6 +211,7 @@ void read_verified(const std::string& path, const uint8_t* file, size_t size,
         }
       }
       if (state) got[c] = state->digest();
+      if (progress) progress->add(static_cast<int64_t>(b - a));
     }
   }
   if (!sum) return;

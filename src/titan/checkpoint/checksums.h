@@ -20,6 +20,10 @@
 
 #include "nlohmann/json.hpp"
 
+namespace titan {
+class Progress;
+}
+
 namespace titan::ckpt {
 
 inline constexpr const char* kChecksumsName = "checksums.json";
@@ -67,8 +71,9 @@ struct TensorRead {
 // hashed in 1 MiB blocks just before its tensor bytes are copied out of the cache (sum: the
 // file's recorded checksums; nullptr reads without checking). Throws titan::Error naming the
 // file on a mismatch (the destinations are then partly written).
+// progress (optional) counts the bytes done.
 void read_verified(const std::string& path, const uint8_t* file, size_t size,
-                   std::vector<TensorRead> reads, const FileSum* sum);
+                   std::vector<TensorRead> reads, const FileSum* sum, Progress* progress = nullptr);
 
 // Checks every file listed in dir/checksums.json: present, of the recorded size and hashes;
 // files in `mapped` are hashed from that memory, the others read, those in `skip` (checked by

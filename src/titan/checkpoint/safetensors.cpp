@@ -24,6 +24,7 @@
 #include <system_error>
 
 #include "titan/core/error.h"
+#include "titan/core/progress.h"
 #include "titan/core/test_hooks.h"
 
 namespace titan::ckpt {
@@ -199,7 +200,16 @@ void write_pieces(const std::string& path, const std::string& shown,
       }
       test::kill_now();
     }
-    for (const auto& [p, n] : pieces) write_all(fd, p, n, shown);
+    size_t total = 0;
+    for (const auto& pc : pieces) total += pc.second;
+    Progress progress("writing " + shown, static_cast<int64_t>(total));
+    constexpr size_t kSlice = size_t{64} << 20;  // progress between slices of large tensors
+    for (const auto& [p, n] : pieces)
+      for (size_t o = 0; o < n; o += kSlice) {
+        const size_t k = std::min(kSlice, n - o);
+        write_all(fd, static_cast<const char*>(p) + o, k, shown);
+        progress.add(static_cast<int64_t>(k));
+      }
     const bool synced = ::fsync(fd) == 0;
     const int e = errno;
     check(synced, shown + ": fsync failed (" + errno_str(e) + ")");
@@ -590,6 +600,7 @@ void SafetensorsSet::read_f32_range(const std::string& name, const std::vector<i
         at + ": elements [" + std::to_string(begin) + ", " + std::to_string(end) +
             ") are not within its " + std::to_string(t->numel()));
   to_f32(t->dtype, t->data + static_cast<size_t>(begin) * dtype_size(t->dtype), end - begin, dst);
+  if (progress_) progress_->add((end - begin) * static_cast<int64_t>(dtype_size(t->dtype)));
 }
 
 int64_t SafetensorsSet::total_bytes() const {

@@ -19,6 +19,10 @@
 #include "titan/core/dtype.h"
 #include "titan/core/tensor_source.h"
 
+namespace titan {
+class Progress;
+}
+
 namespace titan::ckpt {
 
 // One tensor inside a mapped file. `data` points into the mapping (no alignment guaranteed) and
@@ -91,8 +95,11 @@ class SafetensorsSet final : public TensorSource {
   const std::string& file_of(const std::string& name) const;
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsFile>& files() const { return files_; }
+  // Counts the bytes of every later read_f32(_range) (nullptr: off).
+  void set_progress(Progress* p) const { progress_ = p; }
 
  private:
+  mutable Progress* progress_ = nullptr;
   std::string path_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, std::pair<size_t, size_t>> index_;  // name -> (file, tensor)

@@ -12,7 +12,7 @@ namespace {
 bool g_color = isatty(STDOUT_FILENO) != 0;
 int g_rank = 0, g_world = 1;
 
-void emit(const char* level, const std::string& msg) {
+std::string stamp_now() {
   auto now = std::chrono::system_clock::now();
   std::time_t t = std::chrono::system_clock::to_time_t(now);
   int ms = static_cast<int>(
@@ -21,7 +21,13 @@ void emit(const char* level, const std::string& msg) {
   localtime_r(&t, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
-  std::printf("[titan] %s,%03d - root - %s - %s\n", stamp, ms, level, msg.c_str());
+  char out[48];
+  std::snprintf(out, sizeof out, "%s,%03d", stamp, ms);
+  return out;
+}
+
+void emit(const char* level, const std::string& msg) {
+  std::printf("[titan] %s - root - %s - %s\n", stamp_now().c_str(), level, msg.c_str());
   std::fflush(stdout);
 }
 }  // namespace
@@ -38,5 +44,14 @@ void set_rank(int rank, int world) {
 }
 void set_color(bool enabled) { g_color = enabled && isatty(STDOUT_FILENO) != 0; }
 bool color() { return g_color; }
+bool prints_info() { return g_rank == 0; }
+bool interactive() { return isatty(STDOUT_FILENO) != 0; }
+void progress_line(const std::string& msg, bool done) {
+  if (g_rank != 0) return;
+  // \033[K clears what a longer earlier line left.
+  std::printf("\r[titan] %s - root - INFO - %s\033[K%s", stamp_now().c_str(), msg.c_str(),
+              done ? "\n" : "");
+  std::fflush(stdout);
+}
 
 }  // namespace titan::log

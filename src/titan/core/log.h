@@ -13,5 +13,12 @@ void set_color(bool enabled);
 // prefixed "[rank R]".
 void set_rank(int rank, int world);
 bool color();
+// Whether info lines print here (rank 0).
+bool prints_info();
+// A progress line on an interactive console: "\r[titan] ... msg" rewritten in place (done:
+// ends the line). Rank 0 only.
+void progress_line(const std::string& msg, bool done);
+// Whether stdout is an interactive terminal.
+bool interactive();
 
 }  // namespace titan::log

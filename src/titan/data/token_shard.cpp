@@ -14,6 +14,7 @@
 
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
+#include "titan/core/progress.h"
 
 namespace titan::data {
 
@@ -146,10 +147,12 @@ TokenizeStats tokenize_to_shard(const SourceOptions& source, const Tokenizer& to
   const auto n = static_cast<int64_t>(docs.size());
   std::vector<std::vector<int32_t>> enc(docs.size());
   std::exception_ptr failure;
+  Progress progress("tokenizing " + source.path, n, false, "documents");
 #pragma omp parallel for schedule(dynamic, 8)
   for (int64_t i = 0; i < n; ++i) {
     try {
       tok.encode(docs[i], true, true, &enc[i]);
+      progress.add(1);
     } catch (...) {
 #pragma omp critical(titan_tokenize_failure)
       if (!failure) failure = std::current_exception();

@@ -343,6 +343,7 @@ int64_t gemm_cache_size() {
 }  // namespace titan::ops
 
 #include "titan/core/cpu.h"
+#include "titan/core/progress.h"
 
 namespace titan::ops {
 double gemm_probe_flops(int64_t n, int reps) {
@@ -353,7 +354,8 @@ double gemm_probe_flops(int64_t n, int reps) {
   }
   gemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);  // warm-up
   double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
+  Progress progress("measuring the fp32 GEMM rate", reps, false, "runs");
+  for (int r = 0; r < reps; ++r, progress.add(1)) {
     double t0 = cpu::now_seconds();
     gemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
     best = std::min(best, cpu::now_seconds() - t0);
@@ -373,7 +375,8 @@ double gemm_probe_flops_bf16(int64_t n, int reps) {
   f32_to(DType::BF16, bf.data(), n * n, b.data());
   gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);  // warm-up
   double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
+  Progress progress("measuring the bf16 GEMM rate", reps, false, "runs");
+  for (int r = 0; r < reps; ++r, progress.add(1)) {
     double t0 = cpu::now_seconds();
     gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
     best = std::min(best, cpu::now_seconds() - t0);
