@@ -3,7 +3,8 @@
 # ../shared/design/architecture.md): core <- ops <- models <- train / checkpoint; config knows no
 # model; the plugin ABI (plugin/plugin_api.h) depends on core, ops and config only; dist/ (the
 # communicators and the parallel layout) knows no model and no kernel: the trainer wraps the
-# model with it, the model never sees it.
+# model with it, the model never sees it; infer/ (generation) uses a model through its interface,
+# as train/ does, and knows no kernel.
 # usage: scripts/check-layering.sh   (from anywhere; prints each violation, exits 1 if any)
 set -euo pipefail
 cd "$(dirname "$0")/../src/titan"
@@ -19,6 +20,7 @@ declare -A allowed=(
   [models]="core ops config plugin"
   [checkpoint]="core config models/model.h"
   [train]="core ops config data optim plugin checkpoint dist models/model.h models/registry.h"
+  [infer]="core config data checkpoint models/model.h models/registry.h"
   [cli]="*"
   [builtins.cpp]="*"
 )

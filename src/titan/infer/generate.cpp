@@ -187,7 +187,7 @@ GenerateOptions take_generate_flags(std::vector<std::string>& args) {
       check(o.max_new_tokens >= 1, "--max_new_tokens must be at least 1");
     } else if (name == "--temperature") {
       o.temperature = parse_double(name, val());
-      check(*o.temperature >= 0, "--temperature must be >= 0 (0 is greedy), got " + value);
+      check(*o.temperature >= 0, "--temperature must be >= 0 (0 is greedy)");
     } else if (name == "--top_k") {
       o.top_k = parse_int(name, val());
       check(*o.top_k >= 0, "--top_k must be >= 0 (0 is off)");
