@@ -28,7 +28,7 @@ for dtype in float32 bfloat16; do
   titan=$("$root/$build/titan" generate --config qwen3_debugmodel --model.hf_assets_path "$model" \
     --dataloader.tokenizer "$root/../shared/assets/tokenizers/qwen3" --prompts_file "$prompts" \
     --greedy --ignore_eos --max_new_tokens 64 --training.mixed_precision_param "$dtype" \
-    --output /dev/null 2>&1 | grep -o 'decode [0-9.]* tokens/s' | grep -o '[0-9.]*')
+    2>&1 | grep -o 'decode [0-9.]* tokens/s' | grep -o '[0-9.]*')
   torch=$("$py" "$root/tools/bench_torch_generate.py" --model "$model" --dtype "$dtype" --prompt_len 32 --new 64 |
     "$py" -c "import json,sys; print(json.load(sys.stdin)['decode_tokens_per_s'])")
   bytes=$([ "$dtype" = float32 ] && echo 4 || echo 2)

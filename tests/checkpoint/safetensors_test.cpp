@@ -3,6 +3,8 @@
 #include "titan/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -595,6 +597,20 @@ TEST(SafetensorsWrite, FailedWriteLeavesNoTempFile) {
   write_file(dir / "ok.safetensors", ts);
   EXPECT_EQ(listing(dir.path()),
             (std::set<std::string>{"ok.safetensors", "plain", "x.safetensors"}));
+}
+
+// `--eval.logits_out /dev/null` must not rename a file over the device: written through.
+TEST(SafetensorsWrite, DeviceIsWrittenThroughNotReplaced) {
+  TempDir dir;
+  const std::string dev = dir / "null";
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    GTEST_SKIP() << "cannot make a device node here (needs root)";
+  const float v[2] = {1, 2};
+  write_file(dev, {{"a", DType::F32, {2}, v}});
+  struct stat st;
+  ASSERT_EQ(::stat(dev.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(listing(dir.path()), (std::set<std::string>{"null"}));
 }
 
 struct Model {

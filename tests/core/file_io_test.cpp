@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,6 +81,23 @@ TEST(FileIo, FolderSetAsideByALiveWriterIsItsEvenIfOld) {
   EXPECT_THROW(rename_aside(step, old), Error);  // gone: one line naming both
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
+}
+
+// `--output /dev/null` once renamed a regular file over the machine's /dev/null. A character
+// device (a private copy of /dev/null's, made here) is written through and stays a device.
+TEST(FileIo, SpecialFilesAreWrittenThroughNotReplaced) {
+  const std::string dir = testing::fresh_temp_dir("special_file");
+  const std::string dev = dir + "/null";
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    GTEST_SKIP() << "cannot make a device node here (needs root)";
+  EXPECT_TRUE(is_special_file(dev));
+  EXPECT_FALSE(is_special_file(dir));
+  write_file_atomic(dev, "some text");
+  struct stat st;
+  ASSERT_EQ(::stat(dev.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename(), "null") << "a temporary was left";
 }
 
 }  // namespace

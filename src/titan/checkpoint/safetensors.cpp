@@ -24,6 +24,7 @@
 #include <system_error>
 
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/progress.h"
 #include "titan/core/test_hooks.h"
 
@@ -210,7 +211,9 @@ void write_pieces(const std::string& path, const std::string& shown,
         write_all(fd, static_cast<const char*>(p) + o, k, shown);
         progress.add(static_cast<int64_t>(k));
       }
-    const bool synced = ::fsync(fd) == 0;
+    struct stat st;
+    const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    const bool synced = !regular || ::fsync(fd) == 0;
     const int e = errno;
     check(synced, shown + ": fsync failed (" + errno_str(e) + ")");
   } catch (...) {
@@ -616,6 +619,10 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
                 std::map<std::string, std::string> metadata) {
   const auto ts = prepare(path, tensors);
   metadata.try_emplace("format", "pt");
+  if (io::is_special_file(path)) {  // /dev/null, a FIFO: written through, never renamed over
+    write_safetensors(path, path, ts, metadata);
+    return;
+  }
   const std::string tmp = temp_name(path);
   try {
     write_safetensors(tmp, path, ts, metadata);

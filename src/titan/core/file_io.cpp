@@ -49,8 +49,22 @@ void write_file_atomic(const std::string& path, std::string_view data, const cha
   write_file_atomic(path, {data}, kill_point);
 }
 
+bool is_special_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces,
                        const char* kill_point) {
+  if (is_special_file(path)) {  // /dev/null, a FIFO: written through, never renamed over
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    int e = fd < 0 ? errno : 0;
+    for (const auto& piece : pieces)
+      if (e == 0) e = write_all(fd, piece.data(), piece.size());
+    if (fd >= 0 && ::close(fd) != 0 && e == 0) e = errno;
+    if (e != 0) throw Error(path + ": write failed (" + errno_message(e) + ")");
+    return;
+  }
   const std::string tmp = temp_name(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

@@ -21,12 +21,17 @@ std::string temp_name(const std::string& path);
 
 // Writes data to path through temp_name(path): write, fsync, close, rename. On any failure the
 // temporary file is removed and titan::Error names path and the reason; an earlier file at path
-// is then untouched. kill_point: a test hook reached between the fsync and the rename.
+// is then untouched. A special file (is_special_file: /dev/null, a FIFO) is written directly.
+// kill_point: a test hook reached between the fsync and the rename.
 void write_file_atomic(const std::string& path, std::string_view data,
                        const char* kill_point = nullptr);
 // The same for data given in pieces, written one after the other.
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces,
                        const char* kill_point = nullptr);
+
+// Whether path exists and is neither a regular file nor a directory (a device such as /dev/null,
+// a FIFO, /dev/stdout): the writers above write such a path directly, never replacing it.
+bool is_special_file(const std::string& path);
 
 // Makes renames inside dir durable (fsync of the directory). Best effort.
 void fsync_dir(const std::string& dir);
