@@ -13,6 +13,7 @@ namespace titan::ckpt::xxh3 {
   }
 TITAN_XXH3_DECLARE(sse2)
 TITAN_XXH3_DECLARE(avx2)
+TITAN_XXH3_DECLARE(avx512)
 #undef TITAN_XXH3_DECLARE
 
 namespace {
@@ -28,11 +29,12 @@ struct Impl {
 };
 
 const Impl& impl() {
-  static const Impl i = __builtin_cpu_supports("avx2")
-                            ? Impl{"avx2",      avx2::hash,   avx2::create, avx2::destroy,
-                                   avx2::reset, avx2::update, avx2::digest}
-                            : Impl{"sse2",      sse2::hash,   sse2::create, sse2::destroy,
-                                   sse2::reset, sse2::update, sse2::digest};
+#define TITAN_XXH3_IMPL(v) \
+  Impl { #v, v::hash, v::create, v::destroy, v::reset, v::update, v::digest }
+  static const Impl i = __builtin_cpu_supports("avx512f") ? TITAN_XXH3_IMPL(avx512)
+                        : __builtin_cpu_supports("avx2")  ? TITAN_XXH3_IMPL(avx2)
+                                                          : TITAN_XXH3_IMPL(sse2);
+#undef TITAN_XXH3_IMPL
   return i;
 }
 

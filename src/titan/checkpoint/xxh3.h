@@ -26,7 +26,7 @@ class Stream {
   void* state_;
 };
 
-// "avx2" or "sse2": the code in use.
+// "avx512", "avx2" or "sse2": the code in use (what the CPU has).
 const char* variant();
 
 }  // namespace titan::ckpt::xxh3

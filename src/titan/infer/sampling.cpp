@@ -24,11 +24,14 @@ void warp_logits(float* x, int64_t V, const Sampling& s) {
       if (x[i] < kth) x[i] = ninf;
   }
   if (s.top_p < 1.0) {
-    // torch.sort(ascending) is stable here in effect: equal logits have equal probabilities, so
-    // their order only decides which of equals crosses the threshold; ties break by index.
+    // Ascending; which of equal logits comes first only decides which of equals crosses the
+    // threshold (torch.sort leaves it unspecified): here the lower index first. (std::sort with
+    // the index as tie-break, not std::stable_sort, whose temporary buffer GCC 12's libstdc++
+    // frees with the wrong function under ASan.)
     std::vector<int64_t> idx(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return x[a] < x[b]; });
+    std::sort(idx.begin(), idx.end(),
+              [&](int64_t a, int64_t b) { return x[a] < x[b] || (x[a] == x[b] && a < b); });
     const float mx = x[idx.back()];
     double z = 0;
     for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(x[i] - mx));
