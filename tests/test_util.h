@@ -63,6 +63,13 @@ inline std::string asset(const std::string& rel) {
   return p.string();
 }
 
+// How many times `what` occurs in s (overlapping occurrences counted).
+inline int count_of(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
 // A fresh temporary directory for one test (removed first if it exists).
 inline std::string fresh_temp_dir(const std::string& name) {
   auto d = std::filesystem::temp_directory_path() /

@@ -6,16 +6,13 @@
 
 #include <string>
 
+#include "test_util.h"
 #include "titan/core/log.h"
 
 namespace titan {
 namespace {
 
-int count(const std::string& s, const std::string& what) {
-  int n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
+using testing::count_of;
 
 TEST(Progress, OneLinePerTenPercentInLogs) {
   if (log::interactive()) GTEST_SKIP() << "stdout is a terminal: the line is rewritten in place";
@@ -25,7 +22,7 @@ TEST(Progress, OneLinePerTenPercentInLogs) {
     for (int i = 0; i < 100; ++i) p.add(2);
   }
   const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_EQ(count(out, "tokenizing corpus.txt: "), 10) << out;
+  EXPECT_EQ(count_of(out, "tokenizing corpus.txt: "), 10) << out;
   EXPECT_NE(out.find("100 documents / 200 documents (50%)"), std::string::npos) << out;
   EXPECT_NE(out.find("200 documents / 200 documents (100%)"), std::string::npos) << out;
   EXPECT_NE(out.find("documents/s"), std::string::npos) << out;

@@ -16,11 +16,7 @@
 namespace titan::train {
 namespace {
 
-int count(const std::string& s, const std::string& what) {
-  int n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
+using testing::count_of;
 
 TEST(Plot, SvgHasEverySeries) {
   const std::string dir = testing::fresh_temp_dir("plot");
@@ -36,15 +32,15 @@ TEST(Plot, SvgHasEverySeries) {
   std::ifstream f(dir + "/loss.svg");
   const std::string svg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
-  EXPECT_EQ(count(svg, "<polyline"), 3);
-  EXPECT_EQ(count(svg, "<circle"), 3);
+  EXPECT_EQ(count_of(svg, "<polyline"), 3);
+  EXPECT_EQ(count_of(svg, "<circle"), 3);
   for (const char* t : {"training loss", "validation loss", "learning rate", ">step<", ">loss<",
                         "a &lt;test&gt; &amp; run"})
     EXPECT_NE(svg.find(t), std::string::npos) << t;
   const size_t p = svg.find("<polyline fill=\"none\" stroke=\"#1f77b4\"");
   ASSERT_NE(p, std::string::npos);
   const std::string pts = svg.substr(p, svg.find("/>", p) - p);
-  EXPECT_EQ(count(pts, ","), 30);  // one point per training step
+  EXPECT_EQ(count_of(pts, ","), 30);  // one point per training step
   if (std::system("command -v xmllint > /dev/null 2>&1") == 0) {
     EXPECT_EQ(std::system(("xmllint --noout " + dir + "/loss.svg").c_str()), 0);
   }
