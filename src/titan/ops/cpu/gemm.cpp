@@ -179,7 +179,8 @@ inline float to_f32(float x) { return x; }
 inline float to_f32(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
 
 template <int M, typename T>
-TITAN_CLONES void dot_rows(const T* a, int64_t lda, const T* b, int64_t K, float* out) {
+__attribute__((always_inline)) inline void dot_rows_body(const T* a, int64_t lda, const T* b,
+                                                         int64_t K, float* out) {
   float acc[M][16] = {};
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -196,6 +197,22 @@ TITAN_CLONES void dot_rows(const T* a, int64_t lda, const T* b, int64_t K, float
   }
 }
 
+// One CPU-dispatched function per row count and type (clang's target_clones takes no templates);
+// each inlines the body above for its clone's instruction set.
+#define TITAN_DOT_ROWS(M, T)                                                                   \
+  TITAN_CLONES void dot_rows_##M(const T* a, int64_t lda, const T* b, int64_t K, float* out) { \
+    dot_rows_body<M>(a, lda, b, K, out);                                                       \
+  }
+TITAN_DOT_ROWS(1, float)
+TITAN_DOT_ROWS(2, float)
+TITAN_DOT_ROWS(3, float)
+TITAN_DOT_ROWS(4, float)
+TITAN_DOT_ROWS(1, uint16_t)
+TITAN_DOT_ROWS(2, uint16_t)
+TITAN_DOT_ROWS(3, uint16_t)
+TITAN_DOT_ROWS(4, uint16_t)
+#undef TITAN_DOT_ROWS
+
 template <typename T>
 void gemv(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
           float* C, int64_t ldc, bool accumulate) {
@@ -205,16 +222,16 @@ void gemv(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
     const T* b = B + n * ldb;
     switch (M) {
       case 1:
-        dot_rows<1>(A, lda, b, K, r);
+        dot_rows_1(A, lda, b, K, r);
         break;
       case 2:
-        dot_rows<2>(A, lda, b, K, r);
+        dot_rows_2(A, lda, b, K, r);
         break;
       case 3:
-        dot_rows<3>(A, lda, b, K, r);
+        dot_rows_3(A, lda, b, K, r);
         break;
       default:
-        dot_rows<4>(A, lda, b, K, r);
+        dot_rows_4(A, lda, b, K, r);
     }
     for (int64_t m = 0; m < M; ++m) C[m * ldc + n] = accumulate ? C[m * ldc + n] + r[m] : r[m];
   }
