@@ -159,7 +159,7 @@ void backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
     std::vector<float> g(F);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < K; ++j) {
-        if (a.idx[t * K + j] != e) continue;
+        if (a.idx[t * K + j] != e || !gr.dw1) continue;  // null: frozen experts (LoRA base)
         const float* ab = a.saved + (t * K + j) * 2 * F;
         const float* d = dab + (t * K + j) * 2 * F;
         const float wt = a.w[t * K + j];

@@ -127,6 +127,22 @@ class ParamHooks {
   virtual void grads_ready(int64_t u) = 0;
 };
 
+// Extra terms of the model's linear layers (low-rank adapters, models/lora.h). After each
+// projection y[M,out] = x[M,in]·Wᵀ whose weight block [out, in] starts at offset w of the flat
+// parameter buffer (one GEMM may cover adjacent parameters: wq|wk|wv, w1|w3), the model calls
+// forward(); in the backward, after computing dx of that projection, backward(). Projections
+// of the router and the lm_head are not hooked.
+class LinearHooks {
+ public:
+  virtual ~LinearHooks() = default;
+  // y[M,out] += the block's extra term for x[M,in].
+  virtual void forward(int64_t w, const float* x, float* y, int64_t M, int64_t in, int64_t out) = 0;
+  // Backward of forward() for dy[M,out]: dx[M,in] += its input gradient; the hooks' own
+  // parameter gradients accumulate.
+  virtual void backward(int64_t w, const float* dy, const float* x, float* dx, int64_t M,
+                        int64_t in, int64_t out) = 0;
+};
+
 // Generation (titan generate): the keys and values of every layer for a set of sequences, so
 // that each new token runs through the model once. Made by Model::new_kv_cache.
 class KvCache {
@@ -156,6 +172,17 @@ class Model {
   std::vector<ParamUnit> param_units() const;
   virtual float* unit_param_data(int64_t /*u*/) { return param_data(); }
   void set_param_hooks(ParamHooks* h) { hooks_ = h; }
+  // Hooks on the linear layers (none by default); a model that has none ignores them.
+  virtual void set_linear_hooks(LinearHooks* /*h*/) {}
+  // Whether the model has gradients of its own parameters (false: a frozen base model built
+  // with BuildOptions::trainable off; grad_data() is then null and nothing accumulates there).
+  virtual bool trainable() const { return true; }
+  // Adapters (models/lora.h): the frozen model they adapt, or null for an ordinary model.
+  virtual Model* frozen_base() { return nullptr; }
+  // The number of frozen weights it holds (0 for an ordinary model).
+  virtual int64_t frozen_base_weights() const { return 0; }
+  // Adapters: fold them into the base weights (merge) or give the base back its own weights.
+  virtual void merge_adapters(bool /*merge*/) {}
   // The persistent buffers, writable through data.
   virtual std::vector<BufferInfo> buffers() const = 0;
   const ParamInfo& param(const std::string& fqn) const;  // throws titan::Error when absent
@@ -208,15 +235,19 @@ class Model {
   virtual std::vector<ExpertLoad> expert_load() const { return {}; }
 
   // ---- Hugging Face adapter
-  // Every HF tensor of the model (a tied lm_head omitted).
+  // Every HF tensor of the model (a tied lm_head omitted); for adapters, PEFT's keys.
   virtual std::vector<HfTensor> hf_tensors() const = 0;
   // Copies every parameter from an HF state dict; missing, unexpected and mis-shaped keys are
   // reported at once in one titan::Error naming `where`. With `only`, just those ranges of the
   // flat parameter buffer are read (a sharded trainer's slices; the rest stays as it was).
   virtual void load_hf(const TensorSource& src, const std::string& where,
                        const std::vector<FlatRange>* only = nullptr) = 0;
-  // config.json for this model, starting from `base` (the source model's, or empty) so that
-  // fields titan does not model are kept; dtype is the export dtype's torch name.
+  // The names of an HF export's weights and config: model.safetensors and config.json, or for
+  // adapters PEFT's adapter_model.safetensors and adapter_config.json.
+  virtual std::string hf_weights_file() const { return "model.safetensors"; }
+  virtual std::string hf_config_file() const { return "config.json"; }
+  // config.json (adapter_config.json) for this model, starting from `base` (the source model's, or
+  // empty) so that fields titan does not model are kept; dtype is the export dtype's torch name.
   virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;
 
  protected:

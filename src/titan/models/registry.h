@@ -27,6 +27,9 @@ struct BuildOptions {
   // the two AdamW moments when training (16). Checked against the machine's memory before
   // anything is allocated (0: not checked).
   int64_t bytes_per_param = 8;
+  // false: the model's own parameters are frozen (no gradient buffer, no weight gradients): the
+  // base of LoRA adapters. build_model wraps the model in adapters when cfg.lora.rank > 0.
+  bool trainable = true;
 };
 
 struct ModelSpec {
@@ -58,7 +61,10 @@ std::shared_ptr<config::ModuleNode> overridden_module_tree(const config::JobConf
                                                            int64_t seq_len, bool log = true);
 
 // The model for cfg: overridden module tree, ops per layer, buffers for `opt` microbatches,
-// seeded init when opt.init.
+// seeded init when opt.init. With cfg.lora.rank > 0 (or lora.adapter_path, whose
+// adapter_config.json sets the rank and targets): LoRA adapters (models/lora.h) on the frozen
+// model, freshly initialized (the caller loads the base's weights into frozen_base() and an
+// adapter from lora.adapter_path).
 std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOptions& opt);
 
 }  // namespace titan::models

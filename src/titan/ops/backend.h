@@ -46,7 +46,8 @@ struct Backend {
   decltype(&ops::swiglu_bwd) swiglu_bwd = nullptr;
   decltype(&ops::add) add = nullptr;
   decltype(&ops::add_inplace) add_inplace = nullptr;
-  decltype(&ops::linear_fwd) linear_fwd = nullptr;  // gemm.h
+  decltype(&ops::gemm) gemm = nullptr;  // gemm.h: strided, transposes, +=
+  decltype(&ops::linear_fwd) linear_fwd = nullptr;
   decltype(&ops::linear_bwd) linear_bwd = nullptr;  // dx_accumulate passed explicitly
   decltype(&ops::attention_segments) attention_segments = nullptr;  // attention.h
   decltype(&ops::attention_fwd) attention_fwd = nullptr;

@@ -21,7 +21,8 @@ struct NormRows {
 void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, float* y,
                  float* rstd);
 // Backward of rmsnorm_fwd: dx (written, rows laid out like x with ldx; dy like y with ldy)
-//   dx = rstd·(g - x̂·mean(g ⊙ x̂)),  g = dy ⊙ w,  x̂ = x·rstd;  dw[N] += Σ_rows dy ⊙ x̂.
+//   dx = rstd·(g - x̂·mean(g ⊙ x̂)),  g = dy ⊙ w,  x̂ = x·rstd;  dw[N] += Σ_rows dy ⊙ x̂
+//   (dw null: a frozen weight, no gradient).
 // scratch: rmsnorm_bwd_scratch(s) floats, for a deterministic reduction of dw.
 int64_t rmsnorm_bwd_scratch(const NormRows& s);
 void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float* w,

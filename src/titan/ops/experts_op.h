@@ -5,7 +5,8 @@
 //             x[T,D], idx[T,K] (int32 in [0,E)), w[T,K] routing weights,
 //             w1[E,F,D] (gate), w3[E,F,D] (up), w2[E,D,F] (down); y[T,D] is written.
 //   backward: the backward of forward for the same arguments, given dy[T,D]:
-//             dx[T,D] and dw[T,K] (∂L/∂w) are written; dw1, dw3, dw2 are accumulated (+=).
+//             dx[T,D] and dw[T,K] (∂L/∂w) are written; dw1, dw3, dw2 are accumulated (+=),
+//             or all three null: frozen experts (a LoRA base), no weight gradients.
 // The forward may leave state for the backward of the same layer in `saved`
 // (saved_floats(shape) floats, kept per layer); `scratch` (scratch_floats(shape) floats) is
 // shared by all layers. Both sizes are non-decreasing in T, so buffers sized for the largest

@@ -6,7 +6,7 @@
 //   returns Σ_t ce[t] (double) and the count of valid labels
 // With grad_scale != 0 (usually 1 / valid tokens of the whole step), also
 //   dh[t]  = grad_scale · (softmax(logits[t]) − onehot(label[t])) · w      (written)
-//   dw    += grad_scale · Σ_t (softmax(logits[t]) − onehot(label[t]))ᵀ · h[t]
+//   dw    += grad_scale · Σ_t (softmax(logits[t]) − onehot(label[t]))ᵀ · h[t]   (dw may be null)
 // Rows with label -100 contribute nothing and get dh = 0.
 #pragma once
 #include <cstdint>

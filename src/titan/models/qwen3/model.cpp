@@ -33,10 +33,11 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
                        std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
-                       models::AcPolicy ac, DType compute)
+                       models::AcPolicy ac, DType compute, bool trainable)
     : a_(args),
       be_(ops::backend("cpu", dtype_op_name(compute))),
       bf16_(compute == DType::BF16),
+      trainable_(trainable),
       max_tokens_(max_batch * max_seq),
       max_batch_(max_batch),
       max_seq_(max_seq),
@@ -134,7 +135,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   declare_tensors(&slots);
   if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
   params_buf_.resize(num_params_);
-  grads_buf_.resize(num_params_);
+  if (trainable_) grads_buf_.resize(num_params_);
   if (bf16_) wb_.resize(num_params_ - wb_base_);
   int64_t bytes[2] = {0, 0};  // saved, work
   for (const auto& t : sizes_) bytes[t.saved ? 0 : 1] += t.aligned_bytes();
@@ -318,15 +319,17 @@ void Qwen3Model::linear(const float* x, int64_t w, float* y, int64_t M, int64_t 
     be_.linear_fwd_bf16(x, weight_bf16(w), y, M, in, out, lin_scratch_);
   else
     be_.linear_fwd(x, params_buf_.data() + w, y, M, in, out);
+  if (lin_hooks_) lin_hooks_->forward(w, x, y, M, in, out);
 }
 
 void Qwen3Model::linear_back(const float* dy, const float* x, int64_t w, float* dx, int64_t M,
                              int64_t in, int64_t out) {
-  float* dw = grads_buf_.data() + w;
+  float* dw = grad_at(w);
   if (bf16_)
     be_.linear_bwd_bf16(dy, x, weight_bf16(w), dx, dw, M, in, out, false, lin_scratch_);
   else
     be_.linear_bwd(dy, x, params_buf_.data() + w, dx, dw, M, in, out, false);
+  if (lin_hooks_) lin_hooks_->backward(w, dy, x, dx, M, in, out);
 }
 
 ops::LossSum Qwen3Model::forward_backward(const Batch& b, float grad_scale, float aux_weight) {
@@ -407,7 +410,6 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
                 QKV = a_.qkv_dim();
   const float* P = params_buf_.data();
-  float* G = grads_buf_.data();
   const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
                           Q,   KV,  QKV};
   const ops::NormRows rows{T, 1, D, D, D};
@@ -424,7 +426,8 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
     be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
     linear_back(dab_, s.xn2, w.w13, dxn_, T, D, 2 * F);
   }
-  be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, G + w.ffn_norm, norm_scratch_);
+  be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, grad_at(w.ffn_norm),
+                  norm_scratch_);
   be_.add_inplace(dx_, tmp_, T * D);
   // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
   linear_back(dx_, s.o, w.wo, do_, T, Q, D);
@@ -432,11 +435,12 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
                     dqkv_ + Q + KV, delta_, attn_scratch_);
   call_rope(l, false, dq_, b, Hq, Q);
   call_rope(l, false, dkr_, b, Hkv, KV);
-  be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, G + w.q_norm, norm_scratch_);
-  be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, G + w.k_norm,
+  be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, grad_at(w.q_norm),
+                  norm_scratch_);
+  be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, grad_at(w.k_norm),
                   norm_scratch_);
   linear_back(dqkv_, s.xn1, w.wqkv, dxn_, T, D, QKV);
-  be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, G + w.attention_norm,
+  be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, grad_at(w.attention_norm),
                   norm_scratch_);
   be_.add_inplace(dx_, tmp_, T * D);
 }
@@ -456,7 +460,6 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   const int64_t T = b.B * b.S, D = a_.dim, V = a_.vocab_size;
   const float eps = a_.norm_eps;
   float* P = params_buf_.data();
-  float* G = grads_buf_.data();
   const int64_t head = a_.n_layers + 1;  // the head's unit; a tied lm_head also reads unit 0
   const ops::NormRows rows{T, 1, D, D, D};
   be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
@@ -493,7 +496,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   }
   const float gs = backward ? grad_scale : 0.0f;
   float* dh = backward ? dxn_ : nullptr;
-  float* dw = backward ? G + lm_head_ : nullptr;
+  float* dw = backward ? grad_at(lm_head_) : nullptr;
   const ops::LossSum loss = bf16_
                                 ? be_.lm_head_ce_bf16(xf_, weight_bf16(lm_head_), b.labels, T, D, V,
                                                       loss_chunk_rows_, gs, dh, dw, loss_scratch_)
@@ -506,7 +509,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
 
   // ---------------- backward (dx_ = dL/d(residual stream) flowing down); the head's forward
   // and backward are one use of its unit
-  be_.rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, G + norm_, norm_scratch_);
+  be_.rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, grad_at(norm_), norm_scratch_);
   release_head(true);
   grads_ready(head);
   for (int64_t l = a_.n_layers - 1; l >= 0; --l) {
@@ -524,7 +527,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     release(l + 1, true);
     grads_ready(l + 1);
   }
-  be_.embedding_bwd(b.input, T, dx_, D, G + tok_emb_);  // reads no weights
+  if (trainable_) be_.embedding_bwd(b.input, T, dx_, D, grad_at(tok_emb_));  // reads no weights
   grads_ready(0);
   return loss;
 }
@@ -710,20 +713,19 @@ void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn)
   const Layer& w = layers_[l];
   const Saved& s = saved_[l];
   const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k;
-  float* G = grads_buf_.data();
   const ops::GroupedExpertsOp& op = experts_ops_[l];
   const ops::ExpertsArgs ea = experts_args(l, T);
   ops::ExpertsGrads eg;
   eg.dy = dy;
   eg.dx = dxn;
   eg.dw = dw_route_;
-  eg.dw1 = G + w.ew1;
-  eg.dw3 = G + w.ew3;
-  eg.dw2 = G + w.ew2;
+  eg.dw1 = grad_at(w.ew1);
+  eg.dw3 = grad_at(w.ew3);
+  eg.dw2 = grad_at(w.ew2);
   guarded("Experts", op.name, false, l, [&] { op.backward(ea, eg); });
   be_.router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
                  E, K, a_.norm_topk_prob, dlogits_);
-  be_.linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, G + w.gate, T, D, E,
+  be_.linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, grad_at(w.gate), T, D, E,
                  /*dx_accumulate=*/true);
 }
 

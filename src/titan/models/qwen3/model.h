@@ -59,7 +59,7 @@ class Qwen3Model final : public models::Model {
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
              std::vector<ops::RopeOp> rope_ops = {},
              std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
-             models::AcPolicy ac = {}, DType compute = DType::F32);
+             models::AcPolicy ac = {}, DType compute = DType::F32, bool trainable = true);
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
@@ -75,13 +75,19 @@ class Qwen3Model final : public models::Model {
     return params_buf_.data();
   }
   const float* param_data() const override { return params_buf_.data(); }
-  float* grad_data() override { return grads_buf_.data(); }
+  // Null when frozen (trainable = false: the base of LoRA adapters; no gradient buffer, the
+  // backward computes only what flows to the inputs).
+  float* grad_data() override { return trainable_ ? grads_buf_.data() : nullptr; }
+  bool trainable() const override { return trainable_; }
+  void set_linear_hooks(models::LinearHooks* h) override { lin_hooks_ = h; }
   int64_t vocab_size() const override { return a_.vocab_size; }
 
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
   // draws from its own counter-based stream, so the result is independent of threads.
   void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) override;
-  void zero_grad() override { grads_buf_.zero(); }
+  void zero_grad() override {
+    if (trainable_) grads_buf_.zero();
+  }
 
   // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
   // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count.
@@ -191,8 +197,12 @@ class Qwen3Model final : public models::Model {
   Qwen3Args a_;
   const ops::Backend& be_;  // the kernels (cpu/float32 or cpu/bfloat16)
   bool bf16_ = false;       // mixed precision: GEMMs on the bf16 weight copy
-  Buffer<uint16_t> wb_;     // the bf16 copy of parameters [wb_base_, num_params_)
-  int64_t wb_base_ = 0;     // an untied embedding (the parameters before it) has no copy
+  bool trainable_ = true;   // false: frozen, no gradients of the parameters
+  models::LinearHooks* lin_hooks_ = nullptr;
+  // The gradient of the parameter at offset `off`, or null when frozen.
+  float* grad_at(int64_t off) { return trainable_ ? grads_buf_.data() + off : nullptr; }
+  Buffer<uint16_t> wb_;  // the bf16 copy of parameters [wb_base_, num_params_)
+  int64_t wb_base_ = 0;  // an untied embedding (the parameters before it) has no copy
   std::vector<models::ParamUnit> units_;  // param_units()
   std::vector<char> stale_;               // per unit: its weights changed since its wb_ was made
   uint16_t* lin_scratch_ = nullptr;       // bf16 GEMM operands of linear / linear_back

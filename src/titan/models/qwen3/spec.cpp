@@ -130,7 +130,7 @@ models::ModelSpec model_spec() {
     return std::make_unique<Qwen3Model>(
         a, o.batch, o.seq_len, o.loss_chunks, rope_plan(tree, a, o.seq_len),
         experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides), o.allocate, o.ac,
-        compute);
+        compute, o.trainable);
   };
   return s;
 }

@@ -130,7 +130,8 @@ void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float
                    dx + t * s.ldx + h * s.N, acc, s.N);
     }
   }
-  for (int64_t b = 0; b < nb; ++b) add_row(dw, scratch + b * s.N, dw, s.N);
+  if (dw)  // null: a frozen weight (no gradient wanted)
+    for (int64_t b = 0; b < nb; ++b) add_row(dw, scratch + b * s.N, dw, s.N);
 }
 
 void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {

@@ -243,7 +243,7 @@ void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf1
   if (bf16) to_bf16(g, N * F, b.g);
   for (int64_t e = 0; e < s.E; ++e) {
     const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
-    if (n == 0) continue;
+    if (n == 0 || !gr.dw2) continue;  // dw2 null: frozen experts
     expert_gemm(bf16, true, false, D, F, n, du + o * D, at(b.du, o * D), D, g + o * F,
                 at(b.g, o * F), F, gr.dw2 + e * D * F, F, true);
   }
@@ -264,6 +264,7 @@ void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf1
                 at(a.w1_bf16, e * F * D), D, dxp + o * D, D, false);
     expert_gemm(bf16, false, false, n, D, F, dha + F, at(dhb, F), 2 * F, a.w3 + e * F * D,
                 at(a.w3_bf16, e * F * D), D, dxp + o * D, D, true);
+    if (!gr.dw1) continue;  // frozen experts
     expert_gemm(bf16, true, false, F, D, n, dha, dhb, 2 * F, xp + o * D, xpb, D, gr.dw1 + e * F * D,
                 D, true);
     expert_gemm(bf16, true, false, F, D, n, dha + F, at(dhb, F), 2 * F, xp + o * D, xpb, D,
@@ -406,7 +407,7 @@ void reference_backward(const ExpertsArgs& a, const ExpertsGrads& gr) {
           for (int64_t d = 0; d < D; ++d)
             for (int64_t f = 0; f < F; ++f) g2[d * F + f] += dyp[d] * p.g[f];
         }
-      if (!any) continue;
+      if (!any || !gr.dw1) continue;
       for (int64_t i = 0; i < F * D; ++i) {
         gr.dw1[e * F * D + i] += static_cast<float>(g1[i]);
         gr.dw3[e * F * D + i] += static_cast<float>(g3[i]);

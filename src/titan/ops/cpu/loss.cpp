@@ -85,10 +85,10 @@ LossSum lm_head_ce_impl(const float* h, const W* w, const int32_t* labels, int64
     if constexpr (bf16) {
       to_bf16(logits, n * V, zb);
       gemm_bf16(false, false, n, D, V, zb, V, w, D, dh + t0 * D, D, false);
-      gemm_bf16(true, false, V, D, n, zb, V, hb, D, dw, D, true);
+      if (dw) gemm_bf16(true, false, V, D, n, zb, V, hb, D, dw, D, true);
     } else {
       gemm(false, false, n, D, V, logits, V, w, D, dh + t0 * D, D, false);
-      gemm(true, false, V, D, n, logits, V, h + t0 * D, D, dw, D, true);
+      if (dw) gemm(true, false, V, D, n, logits, V, h + t0 * D, D, dw, D, true);
     }
   }
   LossSum r;
