@@ -522,7 +522,11 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf, 
     ShardedDir(path, sums).read_weights(model);
     return;
   }
-  SafetensorsSet set = SafetensorsSet::open(path);
+  // Adapters (PEFT's adapter_model.safetensors) in a directory: that file.
+  const bool adapter =
+      hf && model.hf_weights_file() != "model.safetensors" && fs::is_directory(path, ec);
+  SafetensorsSet set =
+      SafetensorsSet::open(adapter ? (fs::path(path) / model.hf_weights_file()).string() : path);
   if (sums && hf) {  // the model reads in its own order: check first, hashing the mappings
     std::map<std::string, Mapped> mapped;
     for (const auto& [name, f] : files_in(path, {&set})) mapped[name] = {f->bytes(), f->size()};
@@ -540,7 +544,7 @@ void write_hf_extras(const fs::path& tmp, const models::Model& model, const std:
   json base;
   if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "config.json"))
     base = read_json(fs::path(source_dir) / "config.json");
-  write_json(tmp / "config.json", model.hf_config(base, dtype));
+  write_json(tmp / model.hf_config_file(), model.hf_config(base, dtype));
   test::kill_point("export:config");
   json gen = {{"_from_model_config", true}};
   if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "generation_config.json")) {
@@ -597,8 +601,12 @@ void export_hf(const std::string& dir, const models::Model& model, const std::st
   const fs::path tmp = temp_sibling(dst);
   try {
     std::vector<std::vector<uint8_t>> storage;
-    write_model(tmp.string(), model_tensors(model, dt, true, &storage), max_shard_bytes,
-                {{"format", "pt"}});
+    if (model.hf_weights_file() == "model.safetensors")
+      write_model(tmp.string(), model_tensors(model, dt, true, &storage), max_shard_bytes,
+                  {{"format", "pt"}});
+    else  // adapters (PEFT's adapter_model.safetensors): small, one file
+      write_file((tmp / model.hf_weights_file()).string(), model_tensors(model, dt, true, &storage),
+                 {{"format", "pt"}});
     test::kill_point("export:model");
     write_hf_extras(tmp, model, dtype, source_dir);
     write_checksums(tmp.string());
@@ -797,7 +805,18 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
   fs::create_directories(folder_, ec);
   check(!ec, "cannot create the checkpoint folder " + folder_ + " (" + ec.message() + ")");
   if (last && k.last_save_model_only) {
-    if (k.last_save_in_hf) {
+    if (k.last_save_in_hf && cfg_.lora.merge_on_export && model.frozen_base_weights() > 0) {
+      // LoRA merged into the base weights for the export, which then get their own bits back.
+      auto& m = const_cast<models::Model&>(model);
+      m.merge_adapters(true);
+      try {
+        export_hf(dst.string(), *m.frozen_base(), k.export_dtype, cfg_.model.hf_assets_path);
+      } catch (...) {
+        m.merge_adapters(false);
+        throw;
+      }
+      m.merge_adapters(false);
+    } else if (k.last_save_in_hf) {
       export_hf(dst.string(), model, k.export_dtype, cfg_.model.hf_assets_path);
     } else {
       const fs::path tmp = temp_sibling(dst);

@@ -75,8 +75,9 @@ std::vector<Field> fields(JobConfig& c) {
       {"metrics.peak_flops", &c.metrics.peak_flops,
        "peak FLOP/s for MFU (0: measure with a GEMM probe)"},
       {"dataloader.dataset", &c.dataloader.dataset,
-       "source: auto (fortunes corpus without dataset_path, else by extension), fortunes, text "
-       "(a line each), jsonl, tokens (titan tokenize shards)"},
+       "source: auto (fortunes corpus without dataset_path, else by extension; chat records "
+       "found in JSON lines), fortunes, text (a line each), jsonl, chat (conversations: "
+       "messages, or prompt + completion), tokens (titan tokenize shards)"},
       {"dataloader.dataset_path", &c.dataloader.dataset_path,
        "file, directory, glob or comma-separated list"},
       {"dataloader.tokenizer", &c.dataloader.tokenizer,
@@ -87,6 +88,12 @@ std::vector<Field> fields(JobConfig& c) {
       {"dataloader.text_field", &c.dataloader.text_field, "JSON lines: the document's field"},
       {"dataloader.skip_malformed", &c.dataloader.skip_malformed,
        "JSON lines: skip and count malformed lines instead of stopping"},
+      {"sft.train_on_prompt", &c.sft.train_on_prompt,
+       "chat data: the loss on every token, not only the assistant turns"},
+      {"sft.packing", &c.sft.packing,
+       "chat data: pack conversations into rows (false: one per row, padded)"},
+      {"sft.truncation", &c.sft.truncation,
+       "chat data: a conversation longer than training.seq_len + 1 tokens: truncate or drop"},
       {"loss.num_chunks", &c.loss.num_chunks, "lm_head + cross-entropy chunks"},
       {"parallelism.data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree,
        "DDP/HSDP replicas"},
@@ -131,6 +138,15 @@ std::vector<Field> fields(JobConfig& c) {
       {"validator.steps", &c.validator.steps, "batches per validation (-1: the whole set)"},
       {"validator.dataset", &c.validator.dataset, "as dataloader.dataset (auto: by extension)"},
       {"validator.dataset_path", &c.validator.dataset_path, "the validation corpus"},
+      {"lora.rank", &c.lora.rank, "LoRA rank r (0: train the whole model)"},
+      {"lora.alpha", &c.lora.alpha, "LoRA alpha (scale alpha / r)"},
+      {"lora.dropout", &c.lora.dropout, "dropout on the adapters' input while training"},
+      {"lora.target_modules", &c.lora.target_modules,
+       "projections to adapt: wq,wk,wv,wo,w1,w2,w3 or q_proj,...,down_proj"},
+      {"lora.use_rslora", &c.lora.use_rslora, "rank-stabilized scale alpha / sqrt(r)"},
+      {"lora.merge_on_export", &c.lora.merge_on_export,
+       "the last Hugging Face save holds the merged weights instead of the adapter"},
+      {"lora.adapter_path", &c.lora.adapter_path, "a PEFT adapter directory to start from"},
       {"debug.seed", &c.debug.seed, "seed for init and data (-1: none)"},
       {"debug.print_config", &c.debug.print_config, "print the resolved config at start"},
       {"debug.save_config_file", &c.debug.save_config_file,
@@ -521,9 +537,17 @@ void validate(const JobConfig& c) {
   check(!c.dataloader.tokenizer.empty(),
         "dataloader.tokenizer is empty; use auto, byte or a tokenizer.json path");
   check(!c.dataloader.text_field.empty(), "dataloader.text_field must name a JSON field");
+  check(c.sft.truncation == "truncate" || c.sft.truncation == "drop",
+        "sft.truncation '" + c.sft.truncation + "' must be truncate or drop");
   check(c.eval.logits_out.empty() || !c.eval.tokens_path.empty(),
         "eval.logits_out needs eval.tokens_path (the logits are written for the token ids in "
         "that file)");
+  const auto& lo = c.lora;
+  check(lo.rank >= 0, "lora.rank must be 0 (no adapters) or positive, got " +
+                          std::to_string(lo.rank));
+  check(lo.dropout >= 0 && lo.dropout < 1,
+        "lora.dropout must be in [0, 1), got " + shortest(lo.dropout));
+  check(lo.rank == 0 || std::isfinite(lo.alpha), "lora.alpha must be finite");
   const auto& vc = c.validator;
   check(vc.freq > 0, "validator.freq must be positive");
   check(vc.steps == -1 || vc.steps > 0, "validator.steps must be -1 (the whole set) or positive");

@@ -67,7 +67,7 @@ struct MetricsConfig {
 
 struct DataLoaderConfig {
   // auto: the fortunes corpus (read as fortunes) without dataset_path, else by file extension
-  std::string dataset = "auto";  // auto | fortunes | text | jsonl | tokens
+  std::string dataset = "auto";  // auto | fortunes | text | jsonl | chat | tokens
   std::string dataset_path;      // file, directory, glob or comma list; empty: the default
   // auto: model.hf_assets_path's tokenizer.json when it has one, else byte; "byte" (256 bytes +
   // BOS/EOS/pad); or a tokenizer.json (or its directory)
@@ -76,6 +76,14 @@ struct DataLoaderConfig {
   int64_t seed = 42;
   std::string text_field = "text";  // JSON lines: the field holding a document
   bool skip_malformed = false;      // JSON lines: skip and count bad lines instead of failing
+};
+
+// Supervised fine-tuning on chat records (dataloader.dataset chat; data/chat_dataset.h).
+struct SftConfig {
+  bool train_on_prompt = false;  // the loss on every token, not only the assistant turns
+  bool packing = true;           // conversations packed into rows; false: one per row, padded
+  // a conversation longer than training.seq_len + 1 tokens: truncate (keep its start) or drop
+  std::string truncation = "truncate";
 };
 
 // torchtitan's validator: every freq steps (and step 1), the loss over a separate dataset
@@ -136,6 +144,21 @@ struct EvalConfig {
   std::string logits_out;  // write the logits for tokens_path here (safetensors)
 };
 
+// LoRA (PEFT's LoraConfig): low-rank adapters on the chosen projections of every layer, the base
+// model frozen (no gradients, no optimizer state); rank 0 trains the whole model.
+struct LoraConfig {
+  int64_t rank = 0;  // r; 0: no adapters
+  double alpha = 16;
+  double dropout = 0;
+  // torchtitan leaves (wq,wk,wv,wo,w1,w2,w3) or Hugging Face names (q_proj, ..., down_proj)
+  std::string target_modules = "wq,wk,wv,wo,w1,w2,w3";
+  bool use_rslora = false;       // scale alpha / sqrt(r) instead of alpha / r
+  bool merge_on_export = false;  // the last HF save: merged full weights, not a PEFT adapter
+  // A PEFT adapter directory to start from or generate with: its adapter_config.json sets rank,
+  // alpha, target_modules and use_rslora.
+  std::string adapter_path;
+};
+
 struct DebugConfig {
   int64_t seed = -1;  // -1: None (seed 0 is then used for the init)
   bool print_config = false;
@@ -163,12 +186,14 @@ struct JobConfig {
   LRSchedulerConfig lr_scheduler;
   MetricsConfig metrics;
   DataLoaderConfig dataloader;
+  SftConfig sft;
   LossConfig loss;
   ActivationCheckpointConfig activation_checkpoint;
   ParallelismConfig parallelism;
   CheckpointConfig checkpoint;
   EvalConfig eval;
   ValidatorConfig validator;
+  LoraConfig lora;
   DebugConfig debug;
 };
 

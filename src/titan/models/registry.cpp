@@ -1,8 +1,11 @@
 #include "titan/models/registry.h"
 
+#include <fstream>
 #include <map>
 
+#include "nlohmann/json.hpp"
 #include "titan/core/error.h"
+#include "titan/models/lora.h"
 #include "titan/models/qwen3/spec.h"
 #include "titan/plugin/registry.h"
 
@@ -45,11 +48,62 @@ std::shared_ptr<config::ModuleNode> overridden_module_tree(const config::JobConf
   return tree;
 }
 
+LoraOptions lora_options(const config::JobConfig& cfg, uint64_t seed) {
+  const config::LoraConfig& c = cfg.lora;
+  LoraOptions o;
+  o.rank = c.rank;
+  o.alpha = c.alpha;
+  o.dropout = c.dropout;
+  o.target_modules = c.target_modules;
+  o.use_rslora = c.use_rslora;
+  o.seed = seed;
+  o.base_name_or_path = cfg.model.hf_assets_path;
+  if (c.adapter_path.empty()) return o;
+  // A PEFT adapter: its adapter_config.json decides the shape of the adapters.
+  const std::string file = c.adapter_path + "/adapter_config.json";
+  std::ifstream in(file);
+  check(in.good(), "lora.adapter_path: cannot read " + file +
+                       " (point lora.adapter_path at a PEFT adapter directory)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+    check(j.value("peft_type", std::string()) == "LORA",
+          file + ": peft_type is not LORA; titan reads LoRA adapters only");
+    o.rank = j.at("r").get<int64_t>();
+    o.alpha = j.at("lora_alpha").get<double>();
+    o.use_rslora = j.value("use_rslora", false);
+    check(!j.value("use_dora", false), file + ": DoRA adapters (use_dora) are not supported");
+    const auto& t = j.at("target_modules");
+    std::string list;
+    if (t.is_string()) {
+      list = t.get<std::string>();
+    } else {
+      for (const auto& m : t) {
+        if (!list.empty()) list += ',';
+        list += m.get<std::string>();
+      }
+    }
+    o.target_modules = list;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file + ": not a PEFT adapter config (" + e.what() + ")");
+  }
+  check(o.rank > 0, file + ": r must be positive");
+  return o;
+}
+
 std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOptions& opt) {
   const ModelSpec& spec = model_spec(cfg.model.name);
   auto tree = overridden_module_tree(cfg, opt.seq_len, opt.log_overrides);
-  std::unique_ptr<Model> m = spec.build(cfg, *tree, opt);
+  const bool lora = cfg.lora.rank > 0 || !cfg.lora.adapter_path.empty();
+  BuildOptions bo = opt;
+  if (lora) {  // the base of the adapters is frozen: no gradients (4 B) nor AdamW moments (8 B)
+    bo.trainable = false;
+    if (bo.bytes_per_param >= 16) bo.bytes_per_param -= 12;
+  }
+  std::unique_ptr<Model> m = spec.build(cfg, *tree, bo);
   if (opt.init && opt.allocate) m->init_weights(opt.seed);
+  if (lora)
+    m = std::make_unique<LoraModel>(std::move(m), lora_options(cfg, opt.seed), opt.allocate);
   return m;
 }
 

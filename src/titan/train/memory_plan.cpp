@@ -72,6 +72,9 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   const int64_t ps = (p + dp_shard - 1) / dp_shard;
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
+      // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
+      {"frozen base weights (fp32; LoRA)",
+       m.frozen_base_weights() * static_cast<int64_t>(sizeof(float))},
       {dp_shard > 1 ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
       {dp_shard > 1 ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
       {dp_shard > 1 ? "optimizer state (AdamW; fp32" + shard
@@ -109,7 +112,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   }
   if (bf16) {
     if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line
-      plan.lines.insert(plan.lines.begin() + 4,
+      plan.lines.insert(plan.lines.begin() + 5,
                         {"bf16 compute copy of the weights", m.compute_copy_bytes()});
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
     // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.

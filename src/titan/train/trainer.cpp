@@ -50,6 +50,37 @@ nlohmann::json gather_json(dist::Communicator& c, const nlohmann::json& j) {
   return all;
 }
 
+// LoRA (models/lora.h): the frozen base's weights from the initial checkpoint or
+// model.hf_assets_path, then the adapters of lora.adapter_path. Every start loads them (a
+// checkpoint holds only the adapters and their optimizer state).
+void load_lora_weights(const config::JobConfig& c, models::Model& m) {
+  models::Model& base = *m.frozen_base();
+  const auto& k = c.checkpoint;
+  if (!k.initial_load_path.empty()) {
+    ckpt::load_model_weights(base, k.initial_load_path, k.initial_load_in_hf);
+    log::info("LoRA: base weights from " + k.initial_load_path);
+  } else if (k.initial_load_in_hf) {
+    ckpt::load_model_weights(base, c.model.hf_assets_path, true);
+    log::info("LoRA: base weights from " + c.model.hf_assets_path);
+  } else {
+    log::warn(
+        "LoRA on a randomly initialized base model: to fine-tune a published model, pass "
+        "--model.hf_assets_path DIR --checkpoint.initial_load_in_hf");
+  }
+  if (!c.lora.adapter_path.empty()) {
+    ckpt::load_model_weights(m, c.lora.adapter_path, true);
+    log::info("LoRA: adapters from " + c.lora.adapter_path);
+  }
+}
+
+// The checkpointer's view of a LoRA run: the base's weights are loaded by load_lora_weights, so
+// the checkpointer only resumes (or saves) the adapters.
+config::JobConfig lora_checkpoint_config(config::JobConfig c) {
+  c.checkpoint.initial_load_path.clear();
+  c.checkpoint.initial_load_in_hf = false;
+  return c;
+}
+
 }  // namespace
 
 Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
@@ -86,11 +117,13 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(resolved_tokenizer(cfg_)));
   check_vocab_fits(*dataset, shape->vocab_size());
-  text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr;
+  const auto* chat = dynamic_cast<const data::ChatDocuments*>(dataset.get());
+  text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr || chat;
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);
     if (auto* text = dynamic_cast<const data::TextDocuments*>(dataset.get()))
       vs.loaded = text->tokenizer();  // load the tokenizer once
+    if (chat) vs.loaded = chat->tokenizer();
     auto vdocs = data::open_dataset(vs);
     check_vocab_fits(*vdocs, shape->vocab_size());
     validator_ = std::make_unique<Validator>(cfg_, std::move(vdocs));
@@ -112,6 +145,23 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.allocate = bo.log_overrides = true;
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
   model_ = models::build_model(cfg_, bo);
+  const bool lora = model_->frozen_base() != nullptr;
+  check(!lora || !dims_.sharded(),
+        "LoRA with FSDP (parallelism.data_parallel_shard_degree > 1) is not implemented; train "
+        "the adapters with data_parallel_replicate_degree (DDP) instead");
+  if (lora) {
+    load_lora_weights(cfg_, *model_);
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "LoRA: rank %lld, alpha %g, targets %s: %s trainable parameters (%.3f%% of the "
+                  "%s frozen)",
+                  static_cast<long long>(model_->params()[0].shape[0]), cfg_.lora.alpha,
+                  cfg_.lora.target_modules.c_str(), with_commas(model_->num_params()).c_str(),
+                  100.0 * static_cast<double>(model_->num_params()) /
+                      static_cast<double>(model_->frozen_base_weights()),
+                  with_commas(model_->frozen_base_weights()).c_str());
+    log::info(buf);
+  }
 
   // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
   const int64_t n = model_->num_params();
@@ -122,7 +172,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len);
   v_.resize(shard_len);
-  checkpointer_ = std::make_unique<ckpt::Checkpointer>(cfg_);
+  checkpointer_ =
+      std::make_unique<ckpt::Checkpointer>(lora ? lora_checkpoint_config(cfg_) : cfg_);
   std::optional<ckpt::TrainState> loaded;
   // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
   // ranks read after it.
