@@ -15,6 +15,8 @@ tests/fixtures/lora/NAME/ holds
       loss    f32 []        HF's causal-LM loss (mean CE over the non-ignored shifted labels)
       grad.<adapter key>    d loss / d adapter weight, under adapter_model.safetensors' key names
       base_logits f32 [B,S,V]  the base model's logits (the adapters do matter: they differ)
+      greedy_prompt, greedy_generated  int64: PeftModel.generate(do_sample=False) of 12 new tokens from
+                            the first 5 tokens of row 0 (no EOS)
 Deterministic: fixed seeds, one thread, CPU.
 """
 
@@ -65,11 +67,27 @@ def make(name, hf_root, out_root):
     fdir = os.path.join(out_root, name)
     os.makedirs(fdir, exist_ok=True)
     pm.save_pretrained(fdir)
+    cpath = os.path.join(fdir, "adapter_config.json")
+    with open(cpath) as f:
+        saved_cfg = json.load(f)
+    saved_cfg["target_modules"] = sorted(saved_cfg["target_modules"])  # a set: stable order on disk
+    with open(cpath, "w") as f:
+        json.dump(saved_cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
     out = pm(input_ids=ids, labels=labels)
     out.loss.backward()
     tensors = {"logits": out.logits.detach().float().contiguous(),
                "loss": out.loss.detach().float().reshape(()),
                "base_logits": base_logits.contiguous()}
+    # Greedy generation with the adapters (titan generate --lora.adapter_path): 12 new tokens from
+    # the first 5 tokens of row 0.
+    pm.eval()
+    with torch.no_grad():
+        prompt = ids[:1, :5]
+        gen = pm.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
+    tensors["greedy_prompt"] = prompt[0].contiguous()
+    tensors["greedy_generated"] = gen[0, 5:].contiguous()
     saved = set(safetensors.torch.load_file(os.path.join(fdir, "adapter_model.safetensors")))
     for n, p in pm.named_parameters():
         if "lora_" not in n:
@@ -79,6 +97,7 @@ def make(name, hf_root, out_root):
         assert key in saved, (key, sorted(saved)[:3])
         tensors["grad." + key] = p.grad.detach().float().contiguous()
     assert sum(k.startswith("grad.") for k in tensors) == len(saved)
+    assert len(tensors["greedy_generated"]) == 12
     meta = {"format": "pt", "peft": peft.__version__, "transformers": transformers.__version__,
             "torch": torch.__version__, "r": str(RANK), "lora_alpha": str(ALPHA)}
     safetensors.torch.save_file(tensors, os.path.join(fdir, "expected.safetensors"), metadata=meta)

@@ -1,6 +1,7 @@
 // titan generate against the real transformers (fixtures of tools/make_generate_fixtures.py in
 // tests/fixtures/generate):
-// - greedy generation (fp32) of 32 tokens from prompts of 1, 5 and 12 tokens on the HF fixtures (dense
+// - greedy generation (fp32) of 32 tokens from prompts of 1, 5 and 12 tokens on the HF fixtures
+// (dense
 //   tied/untied, MoE) gives exactly the ids of transformers' generate(do_sample=False);
 // - the logits warpers (temperature, top-k, top-p in generate's order) leave exactly what
 //   transformers' warpers leave on fixed logits with ties (finite values within 1e-5 relative:
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -19,6 +21,7 @@
 
 #include "nlohmann/json.hpp"
 #include "test_util.h"
+#include "titan/checkpoint/safetensors.h"
 #include "titan/config/builtin_configs.h"
 #include "titan/core/error.h"
 #include "titan/infer/sampling.h"
@@ -70,6 +73,38 @@ TEST(Generate, GreedyMatchesTransformers) {
           << model << " prompt " << i;
       EXPECT_EQ(r.completions[i].finish, "length");
     }
+  }
+}
+
+// With LoRA adapters (lora.adapter_path, tests/fixtures/lora): greedy ids equal
+// PeftModel.generate(do_sample=False) on the adapted model.
+TEST(Generate, GreedyWithLoraAdapterMatchesPeft) {
+  const std::string dir = testing::fresh_temp_dir("generate_lora");
+  for (const std::string model : {"tied_gqa2", "moe_nonorm_dense1"}) {
+    const std::string lora = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/lora/" + model;
+    auto exp = ckpt::SafetensorsSet::open(lora + "/expected.safetensors");
+    auto ints = [&](const std::string& name) {
+      const ckpt::TensorView* t = exp.find(name);
+      std::vector<int32_t> v(static_cast<size_t>(t->numel()));
+      for (int64_t i = 0; i < t->numel(); ++i) {
+        int64_t x;
+        std::memcpy(&x, t->data + 8 * i, 8);
+        v[static_cast<size_t>(i)] = static_cast<int32_t>(x);
+      }
+      return v;
+    };
+    const std::vector<int32_t> want = ints("greedy_generated");
+    GenerateOptions o;
+    o.prompts_file = write_prompts(dir, {ints("greedy_prompt")});
+    o.max_new_tokens = static_cast<int64_t>(want.size());
+    o.greedy = true;
+    o.ignore_eos = true;
+    o.quiet = true;
+    config::JobConfig c = fixture_config(model);
+    c.lora.adapter_path = lora;
+    const GenerateResult r = generate(c, o);
+    ASSERT_EQ(r.completions.size(), 1u);
+    EXPECT_EQ(r.completions[0].ids, want) << model;
   }
 }
 

@@ -537,6 +537,17 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf, 
   read_weights(model, set, path, hf, sums, only);
 }
 
+void load_model_and_adapter(models::Model& model, const std::string& path, bool hf,
+                            const std::string& adapter_path) {
+  models::Model* base = model.frozen_base();
+  load_model_weights(base ? *base : model, path, hf);
+  if (adapter_path.empty()) return;
+  check(base != nullptr,
+        "lora.adapter_path '" + adapter_path + "' given to a model without adapters");
+  load_model_weights(model, adapter_path, true);
+  log::info("LoRA: adapters from " + adapter_path);
+}
+
 // Beside an export's weights: config.json (from the source's, for the fields titan does not
 // model), generation_config.json and the source's tokenizer files.
 void write_hf_extras(const fs::path& tmp, const models::Model& model, const std::string& dtype,

@@ -165,6 +165,11 @@ class HfPart {
 void load_model_weights(models::Model& model, const std::string& path, bool hf, bool verify = true,
                         const Segments* only = nullptr);
 
+// load_model_weights into the model, or for LoRA adapters (models::Model::frozen_base) into
+// their base; then the PEFT adapter directory adapter_path (when not empty) into the adapters.
+void load_model_and_adapter(models::Model& model, const std::string& path, bool hf,
+                            const std::string& adapter_path);
+
 // Refuses an empty dump_folder (it would put metrics.jsonl at the file-system root and the
 // checkpoints in the current directory).
 void check_dump_folder(const config::JobConfig& cfg);

@@ -253,11 +253,11 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
   bo.ac = models::AcPolicy::from_config("full", "");
   std::unique_ptr<models::Model> m = models::build_model(cfg, bo);
   const bool hf = cfg.checkpoint.initial_load_path.empty() || cfg.checkpoint.initial_load_in_hf;
-  ckpt::load_model_weights(*m,
-                           cfg.checkpoint.initial_load_path.empty()
-                               ? cfg.model.hf_assets_path
-                               : cfg.checkpoint.initial_load_path,
-                           hf);
+  ckpt::load_model_and_adapter(*m,
+                               cfg.checkpoint.initial_load_path.empty()
+                                   ? cfg.model.hf_assets_path
+                                   : cfg.checkpoint.initial_load_path,
+                               hf, cfg.lora.adapter_path);
   const int64_t V = m->vocab_size();
   for (size_t i = 0; i < prompts.size(); ++i)
     for (int32_t id : prompts[i].ids)

@@ -36,10 +36,10 @@ std::vector<int32_t> read_ids(const ckpt::TensorView& t, const std::string& file
 
 void load_weights(models::Model& m, const config::JobConfig& cfg) {
   if (!cfg.checkpoint.initial_load_path.empty())
-    ckpt::load_model_weights(m, cfg.checkpoint.initial_load_path,
-                             cfg.checkpoint.initial_load_in_hf);
+    ckpt::load_model_and_adapter(m, cfg.checkpoint.initial_load_path,
+                                 cfg.checkpoint.initial_load_in_hf, cfg.lora.adapter_path);
   else if (!cfg.model.hf_assets_path.empty())
-    ckpt::load_model_weights(m, cfg.model.hf_assets_path, true);
+    ckpt::load_model_and_adapter(m, cfg.model.hf_assets_path, true, cfg.lora.adapter_path);
   else
     throw Error(
         "titan eval needs weights: set model.hf_assets_path (a Hugging Face directory) or "

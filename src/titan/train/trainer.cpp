@@ -54,19 +54,21 @@ nlohmann::json gather_json(dist::Communicator& c, const nlohmann::json& j) {
 // model.hf_assets_path, then the adapters of lora.adapter_path. Every start loads them (a
 // checkpoint holds only the adapters and their optimizer state).
 void load_lora_weights(const config::JobConfig& c, models::Model& m) {
-  models::Model& base = *m.frozen_base();
   const auto& k = c.checkpoint;
   if (!k.initial_load_path.empty()) {
-    ckpt::load_model_weights(base, k.initial_load_path, k.initial_load_in_hf);
+    ckpt::load_model_and_adapter(m, k.initial_load_path, k.initial_load_in_hf,
+                                 c.lora.adapter_path);
     log::info("LoRA: base weights from " + k.initial_load_path);
-  } else if (k.initial_load_in_hf) {
-    ckpt::load_model_weights(base, c.model.hf_assets_path, true);
-    log::info("LoRA: base weights from " + c.model.hf_assets_path);
-  } else {
-    log::warn(
-        "LoRA on a randomly initialized base model: to fine-tune a published model, pass "
-        "--model.hf_assets_path DIR --checkpoint.initial_load_in_hf");
+    return;
   }
+  if (k.initial_load_in_hf) {
+    ckpt::load_model_and_adapter(m, c.model.hf_assets_path, true, c.lora.adapter_path);
+    log::info("LoRA: base weights from " + c.model.hf_assets_path);
+    return;
+  }
+  log::warn(
+      "LoRA on a randomly initialized base model: to fine-tune a published model, pass "
+      "--model.hf_assets_path DIR --checkpoint.initial_load_in_hf");
   if (!c.lora.adapter_path.empty()) {
     ckpt::load_model_weights(m, c.lora.adapter_path, true);
     log::info("LoRA: adapters from " + c.lora.adapter_path);
@@ -172,8 +174,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len);
   v_.resize(shard_len);
-  checkpointer_ =
-      std::make_unique<ckpt::Checkpointer>(lora ? lora_checkpoint_config(cfg_) : cfg_);
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(lora ? lora_checkpoint_config(cfg_) : cfg_);
   std::optional<ckpt::TrainState> loaded;
   // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
   // ranks read after it.
