@@ -29,15 +29,30 @@ std::string before_first(const std::string& s, const std::string& sep) {
 
 }  // namespace
 
-std::string qwen3_chat_format(const std::vector<ChatMessage>& m, bool add_generation_prompt,
-                              bool enable_thinking) {
+namespace {
+
+// Appends text to the segments, merging it into the last one when the flag is the same.
+void emit(std::vector<ChatSegment>* out, const std::string& text, bool trained) {
+  if (text.empty()) return;
+  if (!out->empty() && out->back().trained == trained)
+    out->back().text += text;
+  else
+    out->push_back({text, trained});
+}
+
+// The template, rendered as segments: an assistant turn's text after its header, through its
+// <|im_end|>, is trained when train(i) says so; everything else is not.
+template <class Train>
+std::vector<ChatSegment> render(const std::vector<ChatMessage>& m, bool add_generation_prompt,
+                                bool enable_thinking, Train train) {
   check(!m.empty(), "a conversation needs at least one message");
   const auto n = static_cast<int64_t>(m.size());
   for (const auto& x : m)
     check(x.role == "system" || x.role == "user" || x.role == "assistant" || x.role == "tool",
           "unknown chat role '" + x.role + "' (expected system, user, assistant or tool)");
-  std::string out;
-  if (m[0].role == "system") out += "<|im_start|>system\n" + m[0].content + "<|im_end|>\n";
+  std::vector<ChatSegment> out;
+  auto plain = [&](const std::string& text) { emit(&out, text, false); };
+  if (m[0].role == "system") plain("<|im_start|>system\n" + m[0].content + "<|im_end|>\n");
   // The last user query (not a tool response wrapped as a user message).
   int64_t last_query = n - 1;
   for (int64_t i = n - 1; i >= 0; --i) {
@@ -52,9 +67,9 @@ std::string qwen3_chat_format(const std::vector<ChatMessage>& m, bool add_genera
     const ChatMessage& x = m[static_cast<size_t>(i)];
     const bool first = i == 0, last = i == n - 1;
     if (x.role == "user" || (x.role == "system" && !first)) {
-      out += "<|im_start|>" + x.role + "\n" + x.content + "<|im_end|>\n";
+      plain("<|im_start|>" + x.role + "\n" + x.content + "<|im_end|>\n");
     } else if (x.role == "assistant") {
-      std::string content = x.content, reasoning;
+      std::string content = x.content, reasoning, body;
       if (x.reasoning_content) {
         reasoning = *x.reasoning_content;
       } else if (content.find("</think>") != std::string::npos) {
@@ -63,22 +78,47 @@ std::string qwen3_chat_format(const std::vector<ChatMessage>& m, bool add_genera
         content = lstrip_nl(after_last(x.content, "</think>"));
       }
       if (i > last_query && (last || !reasoning.empty()))
-        out += "<|im_start|>assistant\n<think>\n" + lstrip_nl(rstrip_nl(reasoning)) +
-               "\n</think>\n\n" + lstrip_nl(content);
+        body =
+            "<think>\n" + lstrip_nl(rstrip_nl(reasoning)) + "\n</think>\n\n" + lstrip_nl(content);
       else
-        out += "<|im_start|>assistant\n" + content;
-      out += "<|im_end|>\n";
+        body = content;
+      body += "<|im_end|>";
+      // The header ends with "\n"; the tokenizer's pre-tokenizer joins it with the body's leading
+      // whitespace up to its last line break (one token across the boundary): that part stays
+      // with the untrained header, so the segments tokenize as the whole text does.
+      const size_t ws = body.find_first_not_of(" \t\r\n\f\v");
+      const size_t nl = body.find_last_of("\r\n", ws);  // ws: never npos (body ends in a token)
+      const size_t cut = nl == std::string::npos ? 0 : nl + 1;
+      plain("<|im_start|>assistant\n" + body.substr(0, cut));
+      emit(&out, body.substr(cut), train(i));
+      plain("\n");
     } else if (x.role == "tool") {
-      if (first || m[static_cast<size_t>(i - 1)].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + x.content + "\n</tool_response>";
-      if (last || m[static_cast<size_t>(i + 1)].role != "tool") out += "<|im_end|>\n";
+      if (first || m[static_cast<size_t>(i - 1)].role != "tool") plain("<|im_start|>user");
+      plain("\n<tool_response>\n" + x.content + "\n</tool_response>");
+      if (last || m[static_cast<size_t>(i + 1)].role != "tool") plain("<|im_end|>\n");
     }
   }
   if (add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (!enable_thinking) out += "<think>\n\n</think>\n\n";
+    plain("<|im_start|>assistant\n");
+    if (!enable_thinking) plain("<think>\n\n</think>\n\n");
   }
   return out;
+}
+
+}  // namespace
+
+std::string qwen3_chat_format(const std::vector<ChatMessage>& m, bool add_generation_prompt,
+                              bool enable_thinking) {
+  std::string out;
+  for (const auto& s :
+       render(m, add_generation_prompt, enable_thinking, [](int64_t) { return false; }))
+    out += s.text;
+  return out;
+}
+
+std::vector<ChatSegment> qwen3_chat_segments(const std::vector<ChatMessage>& m,
+                                             int64_t first_trained) {
+  return render(m, false, true, [&](int64_t i) { return i >= first_trained; });
 }
 
 std::vector<ChatMessage> chat_messages(const nlohmann::json& a, const std::string& where) {

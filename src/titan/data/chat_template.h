@@ -11,6 +11,7 @@
 // - add_generation_prompt opens the assistant turn, followed by an empty think block
 //   ("<think>\n\n</think>\n\n") when thinking is disabled (enable_thinking=False).
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,26 @@ struct ChatMessage {
 // Throws titan::Error for no messages or an unknown role.
 std::string qwen3_chat_format(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                               bool enable_thinking);
+
+// A piece of the rendered conversation and whether the loss is taken on it.
+struct ChatSegment {
+  std::string text;
+  bool trained = false;
+};
+
+// qwen3_chat_format(m, false, ...) (the whole conversation, no generation prompt) as consecutive
+// segments, adjacent ones differing in `trained`; their texts concatenated are that string. The
+// trained spans are the assistant turns from index first_trained on (0: all of them; the prompt
+// messages of a prompt + completion record come before): each starts right after the turn's
+// "<|im_start|>assistant\n" header and ends with (includes) its "<|im_end|>"; the "\n" after it,
+// system, user and tool turns and the headers are not trained. The boundary rule, so that
+// tokenizing each segment on its own gives the ids of tokenizing the whole text (a byte-level BPE
+// whose added tokens, <|im_end|> and <think> among them, are matched first): a body opening with
+// whitespace that holds a line break keeps that whitespace, through its last line break, with
+// the untrained header, since the pre-tokenizer's \s*[\r\n]+ joins it with the header's "\n"
+// into one token. (This is also where transformers' offsets put such a token: before the span.)
+std::vector<ChatSegment> qwen3_chat_segments(const std::vector<ChatMessage>& messages,
+                                             int64_t first_trained = 0);
 
 // Messages from a JSON array of {"role", "content"[, "reasoning_content"]} objects; `where`
 // (file:line) names the record in errors.

@@ -4,8 +4,16 @@
 
 #include "titan/core/error.h"
 #include "titan/core/log.h"
+#include "titan/data/chat_dataset.h"
 
 namespace titan::data {
+
+void DocumentSet::trained_tokens(int64_t i, std::vector<int32_t>* ids,
+                                 std::vector<uint8_t>* trained) const {
+  const size_t n0 = ids->size();
+  tokens(i, ids);
+  trained->resize(trained->size() + (ids->size() - n0), 1);
+}
 
 TextDocuments::TextDocuments(std::vector<std::string> docs, std::shared_ptr<const Tokenizer> tok,
                              std::string section)
@@ -71,6 +79,8 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
     return std::make_shared<TokenDocuments>(std::move(v));
   }
   std::shared_ptr<const Tokenizer> tok = spec.loaded ? spec.loaded : make_tokenizer(spec.tokenizer);
+  if (effective_dataset(o) == "chat" || (effective_dataset(o) == "auto" && is_chat_file(files[0])))
+    return open_chat_dataset(o, spec.chat, std::move(tok));
   SourceStats st;
   std::vector<std::string> docs = read_documents(o, &st);
   log::info(o.section + ": " + std::to_string(st.documents) + " documents in " +

@@ -1,5 +1,6 @@
-// The documents a loader reads, as token ids: text documents tokenized on the fly, or
-// pre-tokenized shards (token_shard.h) that give the same ids without the tokenizer.
+// The documents a loader reads, as token ids: text documents tokenized on the fly, pre-tokenized
+// shards (token_shard.h) that give the same ids without the tokenizer, or conversations with a
+// per-token loss mask (chat_dataset.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,16 @@ class DocumentSet {
   virtual int64_t vocab_size() const = 0;
   // Where the ids come from, for messages ("dataloader.tokenizer 'byte'", "token shards ...").
   virtual std::string vocab_source() const = 0;
+  // Whether some ids carry no loss (chat data: only the assistant turns are trained). Then the
+  // loader asks trained_tokens and labels an id -100 where it is not trained.
+  virtual bool has_mask() const { return false; }
+  // Appends document i's ids (as tokens) and, per id, 1 when the loss is taken on predicting it
+  // and 0 when not. This default: tokens(), every id trained.
+  virtual void trained_tokens(int64_t i, std::vector<int32_t>* ids,
+                              std::vector<uint8_t>* trained) const;
+  // Whether the loader packs documents back to back into rows (true), or gives each document its
+  // own row, cut to the row and padded (sft.packing false).
+  virtual bool packed() const { return true; }
 };
 
 class TextDocuments final : public DocumentSet {
@@ -54,15 +65,26 @@ class TokenDocuments final : public DocumentSet {
   int64_t vocab_ = 0;
 };
 
+// How conversations become training documents (sft.*; chat_dataset.h).
+struct ChatOptions {
+  bool train_on_prompt = false;  // train on every token, not only the assistant turns
+  bool packing = true;           // pack conversations into rows, or one (padded) per row
+  int64_t max_tokens = 0;        // the longest conversation kept whole (seq_len + 1); 0: no limit
+  std::string truncation = "truncate";  // a longer one: truncate (keep its start) or drop
+};
+
 struct DatasetSpec {
   SourceOptions source;
+  ChatOptions chat;  // for chat records (dataset chat, or auto on JSON lines of conversations)
   std::string tokenizer = "byte";           // for text sources
   std::shared_ptr<const Tokenizer> loaded;  // when set, used instead of loading `tokenizer`
 };
 
 // Opens the dataset the spec names: token shards when dataset is "tokens" or every file is a
-// .bin shard, else text read with read_documents and tokenized with spec.tokenizer. Logs one line
-// with the document count and anything replaced or skipped.
+// .bin shard; conversations (chat_dataset.h) when dataset is "chat", or "auto" and the first
+// file is JSON lines (or a .json array) whose first record has "messages", or "prompt" and
+// "completion"; else text read with read_documents and tokenized with spec.tokenizer. Logs one
+// line with the document count and anything replaced or skipped.
 std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec);
 
 }  // namespace titan::data

@@ -8,6 +8,9 @@
 #include "titan/core/rng.h"
 
 namespace titan::data {
+namespace {
+constexpr int32_t kUntrained = -100;  // the label of an id the loss skips
+}  // namespace
 
 PackedLoader::PackedLoader(std::shared_ptr<const DocumentSet> docs, const LoaderOptions& opt)
     : docs_(std::move(docs)), opt_(opt) {
@@ -49,7 +52,11 @@ void PackedLoader::refill() {
       }
     }
     ids_.clear();
-    docs_->tokens(order_[cursor_++], &ids_);
+    trained_.clear();
+    if (docs_->has_mask())
+      docs_->trained_tokens(order_[cursor_++], &ids_, &trained_);
+    else
+      docs_->tokens(order_[cursor_++], &ids_);
     if (ids_.size() < 2) {
       ++empty_docs;
       continue;
@@ -61,10 +68,20 @@ void PackedLoader::refill() {
       pos_.erase(pos_.begin(), pos_.begin() + static_cast<long>(head_));
       head_ = 0;
     }
-    for (size_t i = 0; i + 1 < ids_.size(); ++i) {
+    const bool masked = !trained_.empty();
+    const bool packed = docs_->packed();
+    const size_t pairs =
+        packed ? ids_.size() - 1 : std::min(ids_.size() - 1, static_cast<size_t>(opt_.seq_len));
+    for (size_t i = 0; i < pairs; ++i) {
       in_.push_back(ids_[i]);
-      lab_.push_back(ids_[i + 1]);
+      lab_.push_back(masked && trained_[i + 1] == 0 ? kUntrained : ids_[i + 1]);
       pos_.push_back(static_cast<int32_t>(static_cast<int64_t>(i) % opt_.seq_len));
+    }
+    // One document per row: the rest of its row is padding, positions counting on (causal).
+    for (size_t i = packed ? opt_.seq_len : pairs; i < static_cast<size_t>(opt_.seq_len); ++i) {
+      in_.push_back(0);
+      lab_.push_back(kUntrained);
+      pos_.push_back(static_cast<int32_t>(i));
     }
   }
 }
@@ -87,7 +104,7 @@ int64_t PackedLoader::next(int32_t* input, int32_t* labels, int32_t* positions) 
   for (int64_t r = rows; r < opt_.batch; ++r) {  // padding rows (single pass only)
     for (int64_t t = 0; t < opt_.seq_len; ++t) {
       input[r * opt_.seq_len + t] = 0;
-      labels[r * opt_.seq_len + t] = -100;
+      labels[r * opt_.seq_len + t] = kUntrained;
       positions[r * opt_.seq_len + t] = static_cast<int32_t>(t);
     }
   }
@@ -104,6 +121,7 @@ nlohmann::json PackedLoader::state() const {
           {"dp_rank", opt_.dp_rank},
           {"dp_world", opt_.dp_world},
           {"seq_len", opt_.seq_len},
+          {"packed", docs_->packed()},
           {"epoch", epoch_},
           {"cursor", cursor_},
           {"order", order_},
@@ -172,6 +190,14 @@ void PackedLoader::restore(const nlohmann::json& s) {
   check(seq == opt_.seq_len, "dataloader state was saved with training.seq_len " +
                                  std::to_string(seq) + ", this run has " +
                                  std::to_string(opt_.seq_len) + "; resume with the same seq_len");
+  // Absent in an older titan's state: those always packed.
+  const bool packed = !s.contains("packed") || s["packed"] == true;
+  check(!s.contains("packed") || s["packed"].is_boolean(),
+        "dataloader state: \"packed\" must be true or false");
+  check(packed == docs_->packed(), std::string("dataloader state was saved with sft.packing ") +
+                                       (packed ? "true" : "false") + ", this run has " +
+                                       (docs_->packed() ? "true" : "false") +
+                                       "; resume with the same packing");
   const int64_t epoch = int_field(s, "epoch");
   check(epoch >= 0, "dataloader state: \"epoch\" is negative");
 
@@ -197,7 +223,11 @@ void PackedLoader::restore(const nlohmann::json& s) {
   // document (what refill() produces), so next() never computes a negative position.
   const int64_t vocab = docs_->vocab_size();
   std::vector<int64_t> in = int_array(s, "input", 0, vocab);
-  std::vector<int64_t> lab = int_array(s, "labels", 0, vocab);
+  std::vector<int64_t> lab = int_array(s, "labels", kUntrained, vocab);
+  for (size_t i = 0; i < lab.size(); ++i)
+    check(lab[i] >= 0 || lab[i] == kUntrained,
+          "dataloader state: \"labels\"[" + std::to_string(i) + "] is " + std::to_string(lab[i]) +
+              ", outside [0, " + std::to_string(vocab) + ") and not -100 (an untrained label)");
   std::vector<int64_t> pos = int_array(s, "positions", 0, opt_.seq_len);
   check(in.size() == lab.size() && in.size() == pos.size(),
         "dataloader state: \"input\", \"labels\" and \"positions\" differ in length (" +
@@ -208,6 +238,13 @@ void PackedLoader::restore(const nlohmann::json& s) {
           "dataloader state: \"positions\"[" + std::to_string(i) + "] is " +
               std::to_string(pos[i]) + " after " + std::to_string(pos[i - 1]) +
               "; positions count up from 0 within a document");
+  check(packed || pos.size() % static_cast<size_t>(opt_.seq_len) == 0,
+        "dataloader state: " + std::to_string(pos.size()) +
+            " pending tokens are not whole rows of training.seq_len " +
+            std::to_string(opt_.seq_len) + " (sft.packing false gives each document its own row)");
+  for (size_t i = 0; !packed && i < pos.size(); i += static_cast<size_t>(opt_.seq_len))
+    check(pos[i] == 0, "dataloader state: \"positions\"[" + std::to_string(i) +
+                           "] starts a row (sft.packing false) but is " + std::to_string(pos[i]));
 
   epoch_ = epoch;
   cursor_ = cursor;

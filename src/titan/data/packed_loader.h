@@ -5,7 +5,10 @@
 // documents r, r+N, ...; epoch 0 keeps file order, later epochs are reshuffled (seed + epoch).
 // With repeat off the loader stops at the end of one pass (validation): the last batch may hold
 // fewer rows, the rest padded (input 0, label -100, positions 0,1,...), and an incomplete last
-// row is dropped.
+// row is dropped. Datasets with a loss mask (chat data, chat_dataset.h) label an id -100 where
+// the mask leaves it untrained; datasets that are not packed (sft.packing false) give each
+// document its own row: its first seq_len inputs and labels, then padding (input 0, label -100,
+// positions counting on, so attention stays causal).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -52,6 +55,7 @@ class PackedLoader {
   int64_t cursor_ = 0, epoch_ = 0;
   bool exhausted_ = false;                     // single pass: every document has been read
   std::vector<int32_t> in_, lab_, pos_, ids_;  // pending tokens
+  std::vector<uint8_t> trained_;               // the document's trained flags (has_mask())
   size_t head_ = 0;
 };
 

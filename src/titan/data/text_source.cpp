@@ -131,9 +131,9 @@ void add_json_record(const nlohmann::json& j, const std::string& at, const std::
   docs->push_back(std::move(text));
 }
 
-// One JSON line; appends its document or counts why not.
+// One JSON line; hands its record to fn or counts it as malformed.
 void parse_json_line(const std::string& line, const std::string& file, int64_t lineno,
-                     const SourceOptions& o, SourceStats* st, std::vector<std::string>* docs) {
+                     const SourceOptions& o, SourceStats* st, const JsonRecordFn& fn) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
@@ -145,13 +145,12 @@ void parse_json_line(const std::string& line, const std::string& file, int64_t l
     if (st->malformed++ == 0) st->first_malformed = where(file, lineno);
     return;
   }
-  add_json_record(j, where(file, lineno), "line", o, false, st, docs);
+  fn(j, where(file, lineno), "line");
 }
 
 // A .json file holding one JSON array (Hugging Face's json loader reads these as well as JSON
 // lines): every element is a record.
-void parse_json_array(const std::string& text, const std::string& file, const SourceOptions& o,
-                      SourceStats* st, std::vector<std::string>* docs) {
+void parse_json_array(const std::string& text, const std::string& file, const JsonRecordFn& fn) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -162,7 +161,7 @@ void parse_json_array(const std::string& text, const std::string& file, const So
                 "); a .json dataset file holds one JSON array of records, or JSON lines");
   }
   for (size_t i = 0; i < j.size(); ++i)
-    add_json_record(j[i], file + ": element " + std::to_string(i), "element", o, true, st, docs);
+    fn(j[i], file + ": element " + std::to_string(i), "element");
 }
 
 bool is_json_array_file(const std::string& file, const std::string& text) {
@@ -171,6 +170,22 @@ bool is_json_array_file(const std::string& file, const std::string& text) {
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   const size_t first = text.find_first_not_of(" \t\r\n");
   return ext == ".json" && first != std::string::npos && text[first] == '[';
+}
+
+// A dataset file's text, counted, with invalid UTF-8 replaced (and counted).
+std::string read_text_file(const std::string& file, SourceStats* st) {
+  std::string text = read_file(file);
+  ++st->files;
+  if (size_t bad = find_invalid_utf8(text); bad != std::string::npos) {
+    if (st->utf8_replaced == 0) {
+      st->first_utf8 =
+          where(file, 1 + std::count(text.begin(), text.begin() + static_cast<long>(bad), '\n'));
+    }
+    int64_t n = 0;
+    text = HfTokenizer::sanitize_utf8(text, &n);
+    st->utf8_replaced += n;
+  }
+  return text;
 }
 
 }  // namespace
@@ -224,6 +239,7 @@ std::vector<std::string> resolve_paths(const std::string& path) {
 
 std::string file_format(const std::string& dataset, const std::string& file) {
   if (dataset == "jsonl" || dataset == "tokens") return dataset;
+  if (dataset == "chat") return "jsonl";  // chat records are JSON lines (chat_dataset.h)
   std::string ext = fs::path(file).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
@@ -234,9 +250,10 @@ std::string file_format(const std::string& dataset, const std::string& file) {
 
 std::string source_path(const SourceOptions& o) {
   const std::string& d = o.dataset;
-  check(d == "fortunes" || d == "text" || d == "jsonl" || d == "tokens" || d == "auto",
-        o.section + ".dataset '" + d +
-            "' is not a built-in source; use fortunes, text, jsonl, tokens or auto");
+  check(
+      d == "fortunes" || d == "text" || d == "jsonl" || d == "tokens" || d == "chat" || d == "auto",
+      o.section + ".dataset '" + d +
+          "' is not a built-in source; use fortunes, text, jsonl, chat, tokens or auto");
   if (!o.path.empty()) return o.path;
   check(d == "fortunes" || d == "auto",
         o.section + ".dataset '" + d + "' needs " + o.section + ".dataset_path");
@@ -260,19 +277,13 @@ std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* sta
     if (std::find(formats.begin(), formats.end(), fmt) == formats.end()) formats.push_back(fmt);
     check(fmt != "tokens", file + ": a pre-tokenized shard among text files; use " + o.section +
                                ".dataset tokens with only token shards");
-    std::string text = read_file(file);
-    ++st->files;
-    if (size_t bad = find_invalid_utf8(text); bad != std::string::npos) {
-      if (st->utf8_replaced == 0) {
-        st->first_utf8 =
-            where(file, 1 + std::count(text.begin(), text.begin() + static_cast<long>(bad), '\n'));
-      }
-      int64_t n = 0;
-      text = HfTokenizer::sanitize_utf8(text, &n);
-      st->utf8_replaced += n;
-    }
+    const std::string text = read_text_file(file, st);
+    const JsonRecordFn add = [&](const nlohmann::json& j, const std::string& at,
+                                 const std::string& what) {
+      add_json_record(j, at, what, o, what == "element", st, &docs);
+    };
     if (fmt == "jsonl" && is_json_array_file(file, text)) {
-      parse_json_array(text, file, o, st, &docs);
+      parse_json_array(text, file, add);
       continue;
     }
     std::istringstream in(text);
@@ -285,7 +296,7 @@ std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* sta
     while (std::getline(in, line)) {
       ++lineno;
       if (fmt == "jsonl") {
-        if (!blank(line)) parse_json_line(line, file, lineno, o, st, &docs);
+        if (!blank(line)) parse_json_line(line, file, lineno, o, st, add);
       } else if (fmt == "fortunes") {
         if (line == "%") {
           flush();
@@ -311,6 +322,26 @@ std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* sta
                 ".dataset_path at non-empty text");
   }
   return docs;
+}
+
+void read_json_records(const SourceOptions& o, SourceStats* st, const JsonRecordFn& fn) {
+  *st = SourceStats{};
+  const std::string path = source_path(o);
+  for (const auto& file : resolve_paths(path, o.section)) {
+    const std::string text = read_text_file(file, st);
+    if (is_json_array_file(file, text)) {
+      parse_json_array(text, file, fn);
+      continue;
+    }
+    std::istringstream in(text);
+    std::string line;
+    for (int64_t lineno = 1; std::getline(in, line); ++lineno)
+      if (!blank(line)) parse_json_line(line, file, lineno, o, st, fn);
+  }
+}
+
+std::string skip_malformed_hint(const SourceOptions& o, const std::string& what) {
+  return skip_hint(o, what);
 }
 
 std::string describe_problems(const SourceStats& s, const std::string& text_field) {

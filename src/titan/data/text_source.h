@@ -4,14 +4,18 @@
 // field). A path is a file, a directory (its regular files, sorted), a glob(3) pattern, or a
 // comma-separated list of those. With dataset "text", "fortunes" or "auto", files ending in .jsonl
 // or .json are read as JSON lines and files ending in .bin are pre-tokenized shards ("auto" reads
-// any other file as text; "auto" without a path is the fortunes corpus, read as fortunes). A .json
+// any other file as text; "auto" without a path is the fortunes corpus, read as fortunes); "chat"
+// reads every file as JSON lines of conversations (chat_dataset.h). A .json
 // file holding one JSON array is read as that array's records (objects with the text field, or
 // strings). Invalid UTF-8 is replaced by U+FFFD as Python's
 // bytes.decode("utf-8", errors="replace") does, and counted; blank documents are skipped.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "nlohmann/json.hpp"
 
 namespace titan::data {
 
@@ -19,7 +23,7 @@ namespace titan::data {
 inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 struct SourceOptions {
-  std::string dataset = "fortunes";    // fortunes | text | jsonl | tokens | auto
+  std::string dataset = "fortunes";    // fortunes | text | jsonl | chat | tokens | auto
   std::string path;                    // empty: the fortunes corpus (dataset fortunes or auto)
   std::string text_field = "text";     // the JSON field holding a document
   bool skip_malformed = false;         // skip (and count) bad JSON lines instead of failing
@@ -58,6 +62,20 @@ std::string source_path(const SourceOptions& o);
 // malformed JSON line or missing field (file:line; unless skip_malformed), token shards among
 // the files, or a source without documents.
 std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* stats = nullptr);
+
+// One JSON record: its value, where it is ("file:line", or "file: element i" in a .json file
+// holding one array) and what it is in messages ("line" or "element").
+using JsonRecordFn =
+    std::function<void(const nlohmann::json&, const std::string& at, const std::string& what)>;
+
+// Every JSON record of the files o.path names, each file read as JSON lines (or as one array):
+// invalid UTF-8 replaced and counted, blank lines skipped, a line that is not JSON an error
+// naming file:line (or, with skip_malformed, skipped and counted). fn judges the records; *stats
+// is reset first and counts files, replacements and malformed lines.
+void read_json_records(const SourceOptions& o, SourceStats* stats, const JsonRecordFn& fn);
+
+// " (or set dataloader.skip_malformed = true to skip and count such WHATs)", for messages.
+std::string skip_malformed_hint(const SourceOptions& o, const std::string& what);
 
 // The counts worth reporting ("" when there is nothing to report), one line.
 std::string describe_problems(const SourceStats& s, const std::string& text_field);

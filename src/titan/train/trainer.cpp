@@ -11,6 +11,7 @@
 #include "titan/core/error.h"
 #include "titan/core/log.h"
 #include "titan/core/test_hooks.h"
+#include "titan/data/chat_dataset.h"
 #include "titan/data/dataset.h"
 #include "titan/models/registry.h"
 #include "titan/ops/gemm.h"

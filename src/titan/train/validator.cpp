@@ -28,6 +28,10 @@ data::DatasetSpec spec_of(const config::JobConfig& c) {
   s.source.text_field = c.dataloader.text_field;
   s.source.skip_malformed = c.dataloader.skip_malformed;
   s.tokenizer = resolved_tokenizer(c);
+  s.chat.train_on_prompt = c.sft.train_on_prompt;
+  s.chat.packing = c.sft.packing;
+  s.chat.max_tokens = c.training.seq_len + 1;  // one full row of inputs and labels
+  s.chat.truncation = c.sft.truncation;
   return s;
 }
 }  // namespace
