@@ -39,7 +39,7 @@ Conversation parse_record(const json& j, const std::string& at, bool train_on_pr
   const bool pc = j.contains("prompt") && j.contains("completion");
   check(j.contains("messages") || pc,
         at + ": no \"messages\" (nor \"prompt\" and \"completion\"); " + kShapes);
-  const std::string untrainable = " (or set sft.train_on_prompt to train on every token)";
+  const std::string untrainable = "; set sft.train_on_prompt to train on every token";
   Conversation c;
   if (j.contains("messages")) {
     const std::vector<ChatMessage> m = chat_messages(j["messages"], at);
