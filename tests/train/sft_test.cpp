@@ -1,9 +1,11 @@
 // Supervised fine-tuning end to end: a reduced qwen3_debugmodel trained a few dozen steps on a
 // small chat file (conversations built at test time from the speeches of the public-domain
 // tinyshakespeare asset) with the byte tokenizer; the loss, taken on the assistant turns only,
-// falls, and counts fewer tokens than the rows hold (train_on_prompt: all of them).
+// falls, and counts fewer tokens than the rows hold (train_on_prompt: all of them); rows one
+// conversation each, and the validator on chat data.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -95,10 +97,18 @@ TEST(Sft, TrainOnPromptTakesTheLossOnEveryTokenAndUnpackedRowsPad) {
   }
   c.sft.train_on_prompt = false;
   c.sft.packing = false;
+  c.validator.enable = true;  // the validator reads chat files the same way
+  c.validator.dataset_path = c.dataloader.dataset_path;
+  c.validator.steps = 2;
   Trainer t(c);
   const StepResult r = t.step();
   EXPECT_GT(r.valid_tokens, 0);
   EXPECT_LT(r.valid_tokens, c.training.local_batch_size * c.training.seq_len);
+  const ValidationResult v = t.validate();
+  EXPECT_EQ(v.batches, 2);
+  EXPECT_GT(v.tokens, 0);
+  EXPECT_LT(v.tokens, 2 * c.training.local_batch_size * c.training.seq_len);
+  EXPECT_TRUE(std::isfinite(v.loss));
 }
 
 }  // namespace
