@@ -22,6 +22,7 @@
 #include "test_util.h"
 #include "titan/checkpoint/checkpointer.h"
 #include "titan/checkpoint/safetensors.h"
+#include "titan/core/dtype.h"
 #include "titan/core/error.h"
 #include "titan/models/registry.h"
 
@@ -84,8 +85,7 @@ std::unique_ptr<Model> adapted(const config::JobConfig& c) {
   o.loss_chunks = 3;
   o.log_overrides = false;
   std::unique_ptr<Model> m = build_model(c, o);
-  ckpt::load_model_weights(*m->frozen_base(), c.model.hf_assets_path, true);
-  if (!c.lora.adapter_path.empty()) ckpt::load_model_weights(*m, c.lora.adapter_path, true);
+  ckpt::load_model_and_adapter(*m, c.model.hf_assets_path, true, c.lora.adapter_path);
   return m;
 }
 
@@ -171,6 +171,49 @@ TEST(Lora, DropoutBackwardIsTheForwardsGradient) {
   const double a = m->forward_backward(b, 1.0f).sum;
   const double a2 = m->forward_backward(b, 1.0f).sum;
   EXPECT_NE(a, a2);
+}
+
+// Under bf16 mixed precision the frozen base keeps its projections as their bf16 copy only
+// (release_masters): the same logits bitwise, a quarter of their bytes given back, and
+// param_data() widens them back (each weight its bf16 rounding).
+TEST(Lora, FrozenBf16BaseKeepsOnlyTheCopyOfItsProjections) {
+  Fixture f = batch_of("untied_gqa4");
+  config::JobConfig c = job("untied_gqa4", f.B, f.S);
+  c.training.mixed_precision_param = "bfloat16";
+  std::unique_ptr<Model> m = adapted(c);  // load_model_and_adapter releases the masters
+  Model& base = *m->frozen_base();
+  Batch b{f.B, f.S, f.input.data(), f.labels.data(), f.positions.data()};
+  std::vector<float> released(static_cast<size_t>(f.B * f.S * m->vocab_size()));
+  m->forward_logits(b, released.data());
+  EXPECT_LT(base.master_bytes(), 4 * base.num_params() / 2);  // norms and embedding only
+  EXPECT_EQ(m->frozen_base_bytes(), base.master_bytes());
+  const float* w = base.param_data();  // widened back
+  std::vector<float> orig(static_cast<size_t>(base.num_params()));
+  {
+    config::JobConfig plain = c;
+    plain.lora.adapter_path.clear();
+    BuildOptions o;
+    o.batch = f.B;
+    o.seq_len = f.S;
+    o.log_overrides = false;
+    auto full = build_model(plain, o);
+    ckpt::load_model_weights(*full, c.model.hf_assets_path, true);
+    std::copy_n(full->param_data(), full->num_params(), orig.begin());
+  }
+  // The untied lm_head (a projection: its bf16 copy widened) and the final norm (kept in fp32).
+  const ParamInfo& head = base.param("lm_head.weight");
+  const ParamInfo& norm = base.param("norm.weight");
+  int64_t changed = 0;
+  for (int64_t i = head.offset; i < head.offset + head.numel; ++i) {
+    EXPECT_EQ(w[i], round_to_bf16(orig[static_cast<size_t>(i)]));
+    changed += w[i] != orig[static_cast<size_t>(i)];
+  }
+  EXPECT_GT(changed, 0);
+  for (int64_t i = norm.offset; i < norm.offset + norm.numel; ++i)
+    EXPECT_EQ(w[i], orig[static_cast<size_t>(i)]);
+  std::vector<float> restored(released.size());
+  m->forward_logits(b, restored.data());
+  EXPECT_EQ(restored, released);
 }
 
 TEST(Lora, BadTargetsAndAdaptersAreOneClearError) {

@@ -541,6 +541,7 @@ void load_model_and_adapter(models::Model& model, const std::string& path, bool 
                             const std::string& adapter_path) {
   models::Model* base = model.frozen_base();
   load_model_weights(base ? *base : model, path, hf);
+  if (base) base->release_masters();  // frozen under bf16: the projections as their copy only
   if (adapter_path.empty()) return;
   check(base != nullptr,
         "lora.adapter_path '" + adapter_path + "' given to a model without adapters");

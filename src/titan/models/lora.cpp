@@ -106,6 +106,7 @@ LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool all
   }
   check(!ad_.empty(), "lora.target_modules '" + o.target_modules +
                           "' matches no projection of the model; use wq,wk,wv,wo,w1,w2,w3");
+  n_params_ = off;
   if (!allocate) return;
   params_buf_.resize(off);
   grads_buf_.resize(off);
@@ -223,6 +224,7 @@ void LoraModel::merge_adapters(bool merge) {
     for (size_t i = 0; i < unmerged_.size(); ++i)
       std::copy(unmerged_[i].begin(), unmerged_[i].end(), W + ad_[i].base_offset);
     unmerged_.clear();
+    base_->release_masters();  // under bf16: the projections as their copy again
     return;
   }
   check(unmerged_.empty(), "LoRA adapters are merged already");

@@ -60,7 +60,7 @@ class LoraModel final : public Model, public LinearHooks {
 
   // ---- parameters: the adapters
   const std::vector<ParamInfo>& params() const override { return params_; }
-  int64_t num_params() const override { return static_cast<int64_t>(params_buf_.size()); }
+  int64_t num_params() const override { return n_params_; }
   int64_t compute_copy_bytes() const override { return base_->compute_copy_bytes(); }
   float* param_data() override { return params_buf_.data(); }
   const float* param_data() const override { return params_buf_.data(); }
@@ -72,6 +72,7 @@ class LoraModel final : public Model, public LinearHooks {
   void zero_grad() override { grads_buf_.zero(); }
   Model* frozen_base() override { return base_.get(); }
   int64_t frozen_base_weights() const override { return base_->num_params(); }
+  int64_t frozen_base_bytes() const override { return base_->master_bytes(); }
   void merge_adapters(bool merge) override;
 
   // ---- compute: the base's, with the adapters hooked into its linear layers
@@ -133,6 +134,7 @@ class LoraModel final : public Model, public LinearHooks {
   LoraOptions o_;
   const ops::Backend& be_;  // fp32 kernels
   float scale_ = 1;
+  int64_t n_params_ = 0;
   std::vector<std::string> leaves_;
   std::vector<Adapter> ad_;
   std::vector<ParamInfo> params_;

@@ -179,8 +179,15 @@ class Model {
   virtual bool trainable() const { return true; }
   // Adapters (models/lora.h): the frozen model they adapt, or null for an ordinary model.
   virtual Model* frozen_base() { return nullptr; }
-  // The number of frozen weights it holds (0 for an ordinary model).
+  // The number of frozen weights it holds, and the bytes they occupy (0 for an ordinary model).
   virtual int64_t frozen_base_weights() const { return 0; }
+  virtual int64_t frozen_base_bytes() const { return 0; }
+  // A frozen model under bf16 mixed precision: makes the compute copy unit by unit and gives back
+  // the fp32 pages of the weights read only through it (the projections), as a model loaded in
+  // bf16 keeps them; param_data() widens them back from the copy first. No-op elsewhere.
+  virtual void release_masters() {}
+  // Bytes of the fp32 weights held (after release_masters: those still read in fp32).
+  virtual int64_t master_bytes() const { return 4 * num_params(); }
   // Adapters: fold them into the base weights (merge) or give the base back its own weights.
   virtual void merge_adapters(bool /*merge*/) {}
   // The persistent buffers, writable through data.

@@ -73,8 +73,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
-      {"frozen base weights (fp32; LoRA)",
-       m.frozen_base_weights() * static_cast<int64_t>(sizeof(float))},
+      // (under bf16 the projections as their compute copy only, counted on that line)
+      {bf16 ? "frozen base weights (fp32 norms, embedding; LoRA)"
+            : "frozen base weights (fp32; LoRA)",
+       m.frozen_base_bytes()},
       {dp_shard > 1 ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
       {dp_shard > 1 ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
       {dp_shard > 1 ? "optimizer state (AdamW; fp32" + shard
@@ -109,6 +111,13 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
     const auto& k = cfg.checkpoint;
     if (!k.initial_load_path.empty() && !k.initial_load_in_hf)
       plan.lines.push_back({"initial weights: whole before sharding (given back)", p});
+  }
+  if (bf16 && m.frozen_base_weights() > 0) {
+    // LoRA under bf16: the base is read (or initialized) in fp32 whole, then each unit's
+    // projections are copied to bf16 and their fp32 pages given back: the peak holds them twice.
+    const int64_t proj_fp32 = 4 * m.frozen_base_weights() - m.frozen_base_bytes();
+    plan.lines.push_back(
+        {"frozen base at load: fp32 projections (peak)", proj_fp32 / 2});  // beyond their bf16 copy
   }
   if (bf16) {
     if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line

@@ -57,8 +57,7 @@ nlohmann::json gather_json(dist::Communicator& c, const nlohmann::json& j) {
 void load_lora_weights(const config::JobConfig& c, models::Model& m) {
   const auto& k = c.checkpoint;
   if (!k.initial_load_path.empty()) {
-    ckpt::load_model_and_adapter(m, k.initial_load_path, k.initial_load_in_hf,
-                                 c.lora.adapter_path);
+    ckpt::load_model_and_adapter(m, k.initial_load_path, k.initial_load_in_hf, c.lora.adapter_path);
     log::info("LoRA: base weights from " + k.initial_load_path);
     return;
   }
@@ -154,6 +153,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
         "the adapters with data_parallel_replicate_degree (DDP) instead");
   if (lora) {
     load_lora_weights(cfg_, *model_);
+    model_->frozen_base()->release_masters();
     char buf[200];
     std::snprintf(buf, sizeof buf,
                   "LoRA: rank %lld, alpha %g, targets %s: %s trainable parameters (%.3f%% of the "
@@ -482,7 +482,7 @@ void Trainer::train() {
   char buf[256];
   std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);
   log::info(buf);
-  int64_t total = 0;
+  int64_t total = model_->frozen_base_weights();  // LoRA: the frozen base, then the adapters
   for (const auto& p : model_->params())
     if (!p.alias) total += p.numel;
   log::info("Model " + cfg_.model.name + " " + cfg_.model.flavor + " size: " + with_commas(total) +

@@ -300,6 +300,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std, int64_t unit) {
+  restore_masters();
   mark_stale();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
@@ -636,10 +637,52 @@ void Qwen3Model::release(int64_t u, bool backward) {
   stale_[i] = 1;
 }
 
+std::vector<models::FlatRange> Qwen3Model::copy_only_ranges() const {
+  std::vector<models::FlatRange> r;
+  if (!bf16_ || trainable_) return r;
+  const int64_t D = a_.dim, F = a_.hidden_dim;
+  for (const Layer& w : layers_) {
+    r.push_back({w.wqkv, a_.qkv_dim() * D});
+    r.push_back({w.wo, D * a_.q_dim()});
+    if (w.moe < 0) {
+      r.push_back({w.w13, 2 * F * D});
+      r.push_back({w.w2, D * F});
+    }
+  }
+  if (!a_.tie_embeddings) r.push_back({lm_head_, a_.vocab_size * D});  // a tied one is looked up
+  return r;
+}
+
+int64_t Qwen3Model::master_bytes() const {
+  int64_t n = num_params_;
+  for (const auto& r : copy_only_ranges()) n -= r.len;  // given back under a frozen bf16 model
+  return 4 * n;
+}
+
+void Qwen3Model::release_masters() {
+  if (!bf16_ || trainable_ || masters_released_) return;
+  const auto ranges = copy_only_ranges();
+  for (size_t u = 0; u < units_.size(); ++u) {  // unit by unit: fp32 and copy never both whole
+    acquire(static_cast<int64_t>(u), false);
+    for (const auto& r : ranges)
+      if (r.begin >= units_[u].begin && r.begin < units_[u].end)
+        zero_and_release(params_buf_.data() + r.begin, r.len);
+  }
+  masters_released_ = true;
+}
+
+void Qwen3Model::restore_masters() {
+  if (!masters_released_) return;
+  for (const auto& r : copy_only_ranges())
+    to_f32(DType::BF16, wb_.data() + (r.begin - wb_base_), r.len, params_buf_.data() + r.begin);
+  masters_released_ = false;
+}
+
 void Qwen3Model::acquire(int64_t u, bool backward) {
   if (hooks_) hooks_->acquire(u, backward);
   const auto i = static_cast<size_t>(u);
-  if (bf16_ && stale_[i]) {  // the unit's compute copy, remade after its weights changed
+  if (bf16_ && stale_[i] &&
+      !masters_released_) {  // the unit's compute copy, remade after its weights changed
     const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
     if (lo < hi) be_.to_bf16(params_buf_.data() + lo, hi - lo, wb_.data() + (lo - wb_base_));
   }
@@ -811,6 +854,7 @@ std::vector<models::HfTensor> Qwen3Model::hf_tensors() const { return qwen3::hf_
 
 void Qwen3Model::load_hf(const TensorSource& src, const std::string& where,
                          const std::vector<models::FlatRange>* only) {
+  restore_masters();
   mark_stale();
   load_hf_weights(*this, src, where, only);
 }

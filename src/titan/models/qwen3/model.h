@@ -67,13 +67,19 @@ class Qwen3Model final : public models::Model {
   int64_t compute_copy_bytes() const override { return bf16_ ? 2 * (num_params_ - wb_base_) : 0; }
   // The writable master weights; in bf16 the compute copy is remade before the next forward.
   float* param_data() override {
+    restore_masters();
     mark_stale();
     return params_buf_.data();
   }
   float* unit_param_data(int64_t u) override {
+    restore_masters();
     stale_[static_cast<size_t>(u)] = 1;
     return params_buf_.data();
   }
+  // Frozen (trainable = false) under bf16: the projections' fp32 pages are given back once their
+  // compute copy is made (see models::Model::release_masters).
+  void release_masters() override;
+  int64_t master_bytes() const override;
   const float* param_data() const override { return params_buf_.data(); }
   // Null when frozen (trainable = false: the base of LoRA adapters; no gradient buffer, the
   // backward computes only what flows to the inputs).
@@ -189,6 +195,11 @@ class Qwen3Model final : public models::Model {
     if (hooks_) hooks_->grads_ready(u);
   }
   void mark_stale() { std::fill(stale_.begin(), stale_.end(), 1); }
+  // The ranges of the flat parameters read only through the bf16 copy (the projections); and
+  // release_masters' undo: their fp32 values widened back from the copy.
+  std::vector<models::FlatRange> copy_only_ranges() const;
+  void restore_masters();
+  bool masters_released_ = false;
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
   // Fills sizes_ (the size table) and, per entry, the member pointer it is carved into.
