@@ -6,6 +6,10 @@ CPU, SDPA attention, no KV cache) and times full training steps:
 forward with labels (HF's shifted cross-entropy) -> backward ->
 clip_grad_norm_(1.0) -> AdamW step -> zero_grad.
 
+With --lora R the model is wrapped by the real PEFT (get_peft_model, LoraConfig(r=R,
+lora_alpha=2R, the seven projections, no dropout)): the base frozen, AdamW and clipping over the
+adapters only (what titan's lora.rank trains).
+
 With --dtype bfloat16 the forward and loss run under torch.autocast("cpu", dtype=torch.bfloat16)
 (PyTorch's bf16 mixed precision over fp32 weights, what torchtitan uses on one device) and the
 roofline is a bf16 matmul.
@@ -16,13 +20,14 @@ Run inside the venv made by tools/setup_venv.sh:
 
 stdout: exactly one JSON line with keys preset, batch, seq, threads,
 torch_version, transformers_version, dtype, step_s, tokens_per_s, tflops, gemm_flops,
-flops_per_token. Human-readable progress (incl. the first step's loss, which
+flops_per_token, lora, peak_rss_gib (the process's peak resident set). Human-readable progress (incl. the first step's loss, which
 should be close to ln(vocab)) goes to stderr.
 """
 import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -124,6 +129,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="bfloat16: forward and loss under torch.autocast (bf16 mixed precision)")
+    ap.add_argument("--lora", type=int, default=0, metavar="R",
+                    help="train PEFT LoRA adapters of rank R on the frozen model (0: full training)")
     args = ap.parse_args()
     amp = args.dtype == "bfloat16"
     if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq < 2:
@@ -139,7 +146,15 @@ def main():
         f"preset {args.preset}: {nparams / 1e6:.2f}M params (counted), "
         f"{fpt / 1e9:.3f} GFLOP/token")
 
-    opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
+    if args.lora:
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        log(f"peft {peft.__version__}: LoRA r={args.lora}, "
+            f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f}M trainable")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -148,7 +163,7 @@ def main():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             out = model(input_ids=ids, labels=ids)
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return out.loss.item()
@@ -188,6 +203,8 @@ def main():
         "tflops": round(tflops, 6),
         "gemm_flops": round(gemm, 1),
         "flops_per_token": fpt,
+        "lora": args.lora,
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 4),
     }), flush=True)
 
 
