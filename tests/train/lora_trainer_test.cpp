@@ -41,14 +41,19 @@ config::JobConfig lora_job(const std::string& dump) {
   return c;
 }
 
-std::vector<float> base_weights_on_disk(const config::JobConfig& c) {
+// A model for c with B×S microbatches (adapters when c asks for them), no weights loaded.
+std::unique_ptr<models::Model> build(const config::JobConfig& c, int64_t B, int64_t S) {
   models::BuildOptions o;
-  o.batch = c.training.local_batch_size;
-  o.seq_len = c.training.seq_len;
+  o.batch = B;
+  o.seq_len = S;
   o.log_overrides = false;
+  return models::build_model(c, o);
+}
+
+std::vector<float> base_weights_on_disk(const config::JobConfig& c) {
   config::JobConfig plain = c;
   plain.lora.rank = 0;
-  auto m = models::build_model(plain, o);
+  auto m = build(plain, c.training.local_batch_size, c.training.seq_len);
   ckpt::load_model_weights(*m, kBase, true);
   return {m->param_data(), m->param_data() + m->num_params()};
 }
@@ -127,11 +132,7 @@ TEST(LoraTraining, HuggingFaceSaveIsAPeftAdapterThatPeftLoads) {
   config::JobConfig g = lora_job(dir);
   g.lora.rank = 0;
   g.lora.adapter_path = adapter;
-  models::BuildOptions o;
-  o.batch = B;
-  o.seq_len = S;
-  o.log_overrides = false;
-  auto m = models::build_model(g, o);
+  auto m = build(g, B, S);
   ckpt::load_model_weights(*m->frozen_base(), kBase, true);
   ckpt::load_model_weights(*m, adapter, true);
   std::vector<int32_t> ids2;
@@ -182,11 +183,7 @@ TEST(LoraTraining, MergedExportEqualsTheAdaptedModel) {
   config::JobConfig plain = lora_job(dir);
   plain.lora.rank = 0;
   plain.model.hf_assets_path = out;
-  models::BuildOptions o;
-  o.batch = B;
-  o.seq_len = S;
-  o.log_overrides = false;
-  auto m = models::build_model(plain, o);
+  auto m = build(plain, B, S);
   ckpt::load_model_weights(*m, out, true);
   std::vector<int32_t> ids2;
   const std::vector<float> merged = logits_of(*m, B, S, &ids2);

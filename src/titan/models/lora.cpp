@@ -7,7 +7,6 @@
 
 #include "titan/core/error.h"
 #include "titan/core/log.h"
-#include "titan/core/rng.h"
 
 namespace titan::models {
 
@@ -160,14 +159,10 @@ const std::vector<std::pair<size_t, int64_t>>& LoraModel::block(int64_t w, int64
 const float* LoraModel::dropped(size_t i, const float* x, int64_t M, int64_t in) {
   if (!training_ || o_.dropout <= 0) return x;
   grow(&xd_, M * in);
-  const double p = o_.dropout;
-  const float keep = static_cast<float>(1.0 / (1.0 - p));
-  const uint64_t stream = (pass_ << 20) + i;
+  const float keep = static_cast<float>(1.0 / (1.0 - o_.dropout));
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < M * in; ++k)
-    xd_[static_cast<size_t>(k)] =
-        uniform_open(random_u64(o_.seed, stream, static_cast<uint64_t>(k))) < p ? 0.0f
-                                                                                : x[k] * keep;
+    xd_[static_cast<size_t>(k)] = kept(i, k) ? x[k] * keep : 0.0f;
   return xd_.data();
 }
 
@@ -205,13 +200,10 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
       be_.gemm(false, false, M, in, r, du_.data(), r, P + a.a, in, dx, in, true);  // dx += du·A
     } else {  // through the dropout: the same mask, recomputed
       be_.gemm(false, false, M, in, r, du_.data(), r, P + a.a, in, xd_.data(), in, false);
-      const double p = o_.dropout;
-      const float keep = static_cast<float>(1.0 / (1.0 - p));
-      const uint64_t stream = (pass_ << 20) + i;
+      const float keep = static_cast<float>(1.0 / (1.0 - o_.dropout));
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < M * in; ++k)
-        if (uniform_open(random_u64(o_.seed, stream, static_cast<uint64_t>(k))) >= p)
-          dx[k] += xd_[static_cast<size_t>(k)] * keep;
+        if (kept(i, k)) dx[k] += xd_[static_cast<size_t>(k)] * keep;
     }
   }
 }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "titan/core/buffer.h"
+#include "titan/core/rng.h"
 #include "titan/models/model.h"
 #include "titan/ops/backend.h"
 
@@ -126,6 +127,12 @@ class LoraModel final : public Model, public LinearHooks {
   const std::vector<std::pair<size_t, int64_t>>& block(int64_t w, int64_t in, int64_t out);
   // x, or its dropout (into xd_) for adapter i while training.
   const float* dropped(size_t i, const float* x, int64_t M, int64_t in);
+  // Whether element k of adapter i's input survives this pass's dropout (the one mask of the
+  // forward, its recomputation and the backward).
+  bool kept(size_t i, int64_t k) const {
+    return uniform_open(random_u64(o_.seed, (pass_ << 20) + i, static_cast<uint64_t>(k))) >=
+           o_.dropout;
+  }
   void grow(std::vector<float>* v, int64_t n) {
     if (static_cast<int64_t>(v->size()) < n) v->resize(static_cast<size_t>(n));
   }
