@@ -201,9 +201,10 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
     } else {  // through the dropout: the same mask, recomputed
       be_.gemm(false, false, M, in, r, du_.data(), r, P + a.a, in, xd_.data(), in, false);
       const float keep = static_cast<float>(1.0 / (1.0 - o_.dropout));
+      const auto ai = i;  // a structured binding cannot be named inside an OpenMP region (clang)
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < M * in; ++k)
-        if (kept(i, k)) dx[k] += xd_[static_cast<size_t>(k)] * keep;
+        if (kept(ai, k)) dx[k] += xd_[static_cast<size_t>(k)] * keep;
     }
   }
 }
