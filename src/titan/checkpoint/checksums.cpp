@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <memory>
 
 #include "nlohmann/json.hpp"
 #include "titan/checkpoint/safetensors.h"
@@ -183,23 +182,21 @@ void read_verified(const std::string& path, const uint8_t* file, size_t size,
                                             static_cast<size_t>(::getpagesize()) / 4);
   if (aligned && upfront > 0) (void)::madvise(const_cast<uint8_t*>(file), upfront, MADV_WILLNEED);
   constexpr size_t kAhead = 4 * kChecksumChunkBytes;
-  constexpr size_t kBlock = size_t{1} << 20;
   const size_t chunks = num_chunks(size);
   std::vector<uint64_t> got(chunks);
-#pragma omp parallel
-  {
-    std::unique_ptr<xxh3::Stream> state(sum ? new xxh3::Stream : nullptr);
-#pragma omp for schedule(dynamic, 1)
-    for (size_t c = 0; c < chunks; ++c) {
-      const size_t a = c * kChecksumChunkBytes, b = std::min(size, a + kChecksumChunkBytes);
-      if (aligned && a + kAhead > upfront)
-        (void)::madvise(const_cast<uint8_t*>(file) + a, std::min(size - a, kAhead), MADV_WILLNEED);
-      if (state) state->reset();
-      // The first tensor ending after a.
-      size_t t = static_cast<size_t>(std::upper_bound(end.begin(), end.end(), a) - end.begin());
-      for (size_t lo = a; lo < b; lo += kBlock) {
-        const size_t hi = std::min(b, lo + kBlock);
-        if (state) state->update(file + lo, hi - lo);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t a = c * kChecksumChunkBytes, b = std::min(size, a + kChecksumChunkBytes);
+    if (aligned && a + kAhead > upfront)
+      (void)::madvise(const_cast<uint8_t*>(file) + a, std::min(size - a, kAhead), MADV_WILLNEED);
+    // Copies the tensor bytes of the file's bytes [lo, hi) out (cursor: the first tensor that
+    // may still have bytes there; pieces come in order).
+    struct Copier {
+      const uint8_t* file;
+      const std::vector<TensorRead>& reads;
+      const std::vector<size_t>&begin, &end;
+      size_t base, t;
+      void copy(size_t lo, size_t hi) {
         while (t < reads.size() && end[t] <= lo) ++t;
         for (size_t k = t; k < reads.size() && begin[k] < hi; ++k) {
           const size_t x = std::max(begin[k], lo), y = std::min(end[k], hi);
@@ -210,9 +207,24 @@ void read_verified(const std::string& path, const uint8_t* file, size_t size,
                  reads[k].dst + (x - begin[k]) / el);
         }
       }
-      if (state) got[c] = state->digest();
-      if (progress) progress->add(static_cast<int64_t>(b - a));
-    }
+    } copier{file,  reads,
+             begin, end,
+             a,     static_cast<size_t>(std::upper_bound(end.begin(), end.end(), a) - end.begin())};
+    // Pieces of 4 KiB (XXH3 blocks are 1 KiB; the boundaries are multiples of 1 KiB from the
+    // file's start, and tensor data starts 8-byte aligned, so no piece splits an element): each
+    // is copied out of L1 right after it was hashed, and the file's bytes are read from memory
+    // once.
+    if (sum)
+      got[c] = xxh3::hash_visit(
+          file + a, b - a, 4096,
+          [](void* ctx, size_t off, size_t n) {
+            auto& cp = *static_cast<Copier*>(ctx);
+            cp.copy(cp.base + off, cp.base + off + n);
+          },
+          &copier);
+    else
+      copier.copy(a, b);
+    if (progress) progress->add(static_cast<int64_t>(b - a));
   }
   if (!sum) return;
   for (size_t c = 0; c < chunks; ++c)

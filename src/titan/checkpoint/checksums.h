@@ -68,7 +68,8 @@ struct TensorRead {
 
 // Converts the tensors of one mapped file (bytes [file, file + size) of `path`) into their
 // destinations in a single pass over the file, in parallel over its checksum chunks, each chunk
-// hashed in 1 MiB blocks just before its tensor bytes are copied out of the cache (sum: the
+// hashed and copied out in one pass, 4 KiB at a time (xxh3::hash_visit: each piece is copied
+// from L1 right after XXH3 read it, so memory is read once) (sum: the
 // file's recorded checksums; nullptr reads without checking). Throws titan::Error naming the
 // file on a mismatch (the destinations are then partly written).
 // progress (optional) counts the bytes done.

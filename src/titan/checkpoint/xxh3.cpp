@@ -2,14 +2,16 @@
 
 namespace titan::ckpt::xxh3 {
 
-#define TITAN_XXH3_DECLARE(v)                       \
-  namespace v {                                     \
-  uint64_t hash(const void* data, size_t n);        \
-  void* create();                                   \
-  void destroy(void* s);                            \
-  void reset(void* s);                              \
-  void update(void* s, const void* data, size_t n); \
-  uint64_t digest(const void* s);                   \
+#define TITAN_XXH3_DECLARE(v)                                           \
+  namespace v {                                                         \
+  uint64_t hash(const void* data, size_t n);                            \
+  void* create();                                                       \
+  void destroy(void* s);                                                \
+  void reset(void* s);                                                  \
+  void update(void* s, const void* data, size_t n);                     \
+  uint64_t digest(const void* s);                                       \
+  uint64_t hash_visit(const void* data, size_t n, size_t piece,         \
+                      void (*visit)(void*, size_t, size_t), void* ctx); \
   }
 TITAN_XXH3_DECLARE(sse2)
 TITAN_XXH3_DECLARE(avx2)
@@ -26,11 +28,12 @@ struct Impl {
   void (*reset)(void*);
   void (*update)(void*, const void*, size_t);
   uint64_t (*digest)(const void*);
+  uint64_t (*hash_visit)(const void*, size_t, size_t, void (*)(void*, size_t, size_t), void*);
 };
 
 const Impl& impl() {
 #define TITAN_XXH3_IMPL(v) \
-  Impl { #v, v::hash, v::create, v::destroy, v::reset, v::update, v::digest }
+  Impl { #v, v::hash, v::create, v::destroy, v::reset, v::update, v::digest, v::hash_visit }
   static const Impl i = __builtin_cpu_supports("avx512f") ? TITAN_XXH3_IMPL(avx512)
                         : __builtin_cpu_supports("avx2")  ? TITAN_XXH3_IMPL(avx2)
                                                           : TITAN_XXH3_IMPL(sse2);
@@ -42,6 +45,10 @@ const Impl& impl() {
 
 uint64_t hash(const void* data, size_t n) { return impl().hash(data, n); }
 const char* variant() { return impl().name; }
+uint64_t hash_visit(const void* data, size_t n, size_t piece, void (*visit)(void*, size_t, size_t),
+                    void* ctx) {
+  return impl().hash_visit(data, n, piece, visit, ctx);
+}
 
 Stream::Stream() : state_(impl().create()) { impl().reset(state_); }
 Stream::~Stream() { impl().destroy(state_); }

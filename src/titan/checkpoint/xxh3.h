@@ -26,6 +26,12 @@ class Stream {
   void* state_;
 };
 
+// hash(data, n), calling visit(ctx, offset, length) on consecutive pieces of about `piece` bytes
+// (multiples of XXH3's 1 KiB block; the last one the rest) each right after it was hashed, while
+// its bytes are still in the L1/L2 cache: a reader that copies the pieces out reads memory once.
+uint64_t hash_visit(const void* data, size_t n, size_t piece, void (*visit)(void*, size_t, size_t),
+                    void* ctx);
+
 // "avx512", "avx2" or "sse2": the code in use (what the CPU has).
 const char* variant();
 
