@@ -1,5 +1,8 @@
 #include "titan/checkpoint/xxh3.h"
 
+#include <cstdlib>
+#include <string_view>
+
 namespace titan::ckpt::xxh3 {
 
 #define TITAN_XXH3_DECLARE(v)                                           \
@@ -31,15 +34,22 @@ struct Impl {
   uint64_t (*hash_visit)(const void*, size_t, size_t, void (*)(void*, size_t, size_t), void*);
 };
 
-const Impl& impl() {
 #define TITAN_XXH3_IMPL(v) \
   Impl { #v, v::hash, v::create, v::destroy, v::reset, v::update, v::digest, v::hash_visit }
-  static const Impl i = __builtin_cpu_supports("avx512f") ? TITAN_XXH3_IMPL(avx512)
-                        : __builtin_cpu_supports("avx2")  ? TITAN_XXH3_IMPL(avx2)
-                                                          : TITAN_XXH3_IMPL(sse2);
-#undef TITAN_XXH3_IMPL
-  return i;
+// The builds this CPU runs, widest first.
+const std::vector<Impl>& runnable_impls() {
+  static const std::vector<Impl> r = [] {
+    std::vector<Impl> v;
+    if (__builtin_cpu_supports("avx512f")) v.push_back(TITAN_XXH3_IMPL(avx512));
+    if (__builtin_cpu_supports("avx2")) v.push_back(TITAN_XXH3_IMPL(avx2));
+    v.push_back(TITAN_XXH3_IMPL(sse2));
+    return v;
+  }();
+  return r;
 }
+#undef TITAN_XXH3_IMPL
+
+const Impl& impl() { return runnable_impls().front(); }
 
 }  // namespace
 
@@ -48,6 +58,19 @@ const char* variant() { return impl().name; }
 uint64_t hash_visit(const void* data, size_t n, size_t piece, void (*visit)(void*, size_t, size_t),
                     void* ctx) {
   return impl().hash_visit(data, n, piece, visit, ctx);
+}
+
+std::vector<const char*> runnable_variants() {
+  std::vector<const char*> r;
+  for (const Impl& i : runnable_impls()) r.push_back(i.name);
+  return r;
+}
+
+uint64_t hash_visit_as(const char* variant, const void* data, size_t n, size_t piece,
+                       void (*visit)(void*, size_t, size_t), void* ctx) {
+  for (const Impl& i : runnable_impls())
+    if (std::string_view(i.name) == variant) return i.hash_visit(data, n, piece, visit, ctx);
+  std::abort();  // a test asked for a build the CPU cannot run
 }
 
 Stream::Stream() : state_(impl().create()) { impl().reset(state_); }

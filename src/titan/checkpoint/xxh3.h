@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace titan::ckpt::xxh3 {
 
@@ -34,5 +35,10 @@ uint64_t hash_visit(const void* data, size_t n, size_t piece, void (*visit)(void
 
 // "avx512", "avx2" or "sse2": the code in use (what the CPU has).
 const char* variant();
+
+// For tests: every build this CPU can run (the one in use first), and hash_visit through one.
+std::vector<const char*> runnable_variants();
+uint64_t hash_visit_as(const char* variant, const void* data, size_t n, size_t piece,
+                       void (*visit)(void*, size_t, size_t), void* ctx);
 
 }  // namespace titan::ckpt::xxh3
