@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "titan/config/builtin_configs.h"
 #include "titan/core/cpu.h"
+#include "titan/models/registry.h"
 #include "titan/train/trainer.h"
 
 namespace titan::train {
@@ -81,6 +82,95 @@ TEST(MemoryPlan, TrainRefusesAPlanThatCannotFit) {
   const std::string e = error_of([&] { Trainer t(c); });
   EXPECT_NE(e.find("the run needs"), std::string::npos) << e;
   EXPECT_NE(e.find("this machine has"), std::string::npos) << e;
+}
+
+// The per-rank plan of tensor/expert-parallel layouts (titan plan; nothing allocated): the
+// sharded modules' bytes divide by tp or ep exactly, the replicated ones stay whole.
+double line_bytes(const MemoryPlan& p, const std::string& starts) {
+  for (const auto& l : p.lines)
+    if (l.what.rfind(starts, 0) == 0) return static_cast<double>(l.bytes);
+  ADD_FAILURE() << "no line '" << starts << "' in\n" << p.format();
+  return 0;
+}
+
+TEST(MemoryPlan, TensorParallelHalvesTheShardedModules) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel");
+  const MemoryPlan one = plan_memory(c);
+  c.parallelism.tensor_parallel_degree = 2;
+  const MemoryPlan tp2 = plan_memory(c);
+  EXPECT_EQ(tp2.layout, "TP 2 (SP)");
+  EXPECT_NE(tp2.format().find("per rank of TP 2 (SP)"), std::string::npos) << tp2.format();
+  // debugmodel: every parameter but the norms and q/k norms is column- or row-wise.
+  const models::BuildOptions o = [] {
+    models::BuildOptions b;
+    b.allocate = false;
+    b.log_overrides = false;
+    b.bytes_per_param = 0;
+    return b;
+  }();
+  const auto m = models::build_model(c, o);
+  int64_t replicated = 0;
+  for (const auto& q : m->params())
+    if (!q.alias && q.tp == models::ParamInfo::Tp::replicate) replicated += 4 * q.numel;
+  ASSERT_GT(replicated, 0);
+  const double full = line_bytes(one, "parameters"), half = line_bytes(tp2, "parameters");
+  EXPECT_DOUBLE_EQ(half,
+                   (full - static_cast<double>(replicated)) / 2 + static_cast<double>(replicated));
+  EXPECT_LT(line_bytes(tp2, "saved activations"), line_bytes(one, "saved activations"));
+  c.parallelism.enable_sequence_parallel = false;  // the residual stream whole on every rank
+  EXPECT_GT(line_bytes(plan_memory(c), "saved activations"), line_bytes(tp2, "saved activations"));
+}
+
+TEST(MemoryPlan, ExpertParallelQwen3_30B_A3B) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_30b_a3b");
+  const MemoryPlan one = plan_memory(c);
+  c.parallelism.data_parallel_shard_degree = 8;
+  const MemoryPlan fsdp8 = plan_memory(c);
+  c.parallelism.expert_parallel_degree = 8;
+  const MemoryPlan ep8 = plan_memory(c);
+  EXPECT_EQ(ep8.layout, "FSDP 8 x EP 8");
+  // EP 8 x FSDP 8: experts 1/8 per rank (efsdp 1), the rest FSDP-sharded 1/8.
+  EXPECT_NEAR(line_bytes(ep8, "parameters") / line_bytes(one, "parameters"), 1.0 / 8, 1e-6);
+  EXPECT_NEAR(line_bytes(ep8, "optimizer state"), line_bytes(fsdp8, "optimizer state"), 64);
+  // ... but the experts are never gathered: the largest unit after the head is then the
+  // embedding (151936 x 2048) instead of a layer with its 128 experts (623M parameters).
+  const double head = 151936.0 * 2048 + 2048, emb = 151936.0 * 2048;
+  EXPECT_NEAR(line_bytes(ep8, "gathered"), 10 * (head + 2 * emb), 1e6) << ep8.format();
+  EXPECT_GT(line_bytes(fsdp8, "gathered"), 10 * (head + 2 * 6.2e8)) << fsdp8.format();
+}
+
+TEST(MemoryPlan, LayoutsThatDoNotDivideTheModel) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel_moe");
+  c.parallelism.tensor_parallel_degree = 3;
+  EXPECT_NE(error_of([&] { plan_memory(c); }).find("n_heads (16) must be divisible by tp_size (3)"),
+            std::string::npos);
+  c.parallelism.tensor_parallel_degree = 1;
+  c.parallelism.expert_parallel_degree = 3;
+  c.parallelism.data_parallel_shard_degree = 3;
+  EXPECT_NE(error_of([&] { plan_memory(c); }).find("num_experts (64) must be divisible by ep (3)"),
+            std::string::npos);
+  c.parallelism.expert_parallel_degree = 2;  // dp_shard 3 * tp 1 not divisible by ep 2
+  EXPECT_NE(error_of([&] {
+              plan_memory(c);
+            }).find("dp_shard(3) * cp(1) * tp(1) must be divisible by ep(2)"),
+            std::string::npos);
+  c = config::make_config("qwen3_debugmodel");
+  c.parallelism.expert_parallel_degree = 2;
+  c.parallelism.data_parallel_shard_degree = 2;
+  EXPECT_NE(error_of([&] { plan_memory(c); }).find("has no experts"), std::string::npos);
+}
+
+TEST(MemoryPlan, TrainingRefusesTensorParallelismWithOneLine) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel");
+  c.parallelism.tensor_parallel_degree = 2;
+  const std::string e = error_of([&] { dist::ParallelDims::from_config(c, 2); });
+  EXPECT_NE(e.find("parallelism.tensor_parallel_degree 2: tensor parallelism is not implemented"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

@@ -100,9 +100,13 @@ std::vector<Field> fields(JobConfig& c) {
       {"parallelism.data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree,
        "FSDP shards (-1: the ranks left over)"},
       {"parallelism.tensor_parallel_degree", &c.parallelism.tensor_parallel_degree,
-       "tensor parallel degree (not implemented: 1)"},
+       "tensor parallel degree (titan plan only; training: 1)"},
       {"parallelism.expert_parallel_degree", &c.parallelism.expert_parallel_degree,
-       "expert parallel degree (not implemented: 1)"},
+       "expert parallel degree (titan plan only; training: 1)"},
+      {"parallelism.enable_sequence_parallel", &c.parallelism.enable_sequence_parallel,
+       "tensor parallelism: norms and residuals on sequence shards"},
+      {"parallelism.disable_loss_parallel", &c.parallelism.disable_loss_parallel,
+       "tensor parallelism: gather the logits instead of a vocab-parallel loss"},
       {"parallelism.context_parallel_degree", &c.parallelism.context_parallel_degree,
        "context parallel degree (not implemented: 1)"},
       {"parallelism.pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree,
@@ -543,8 +547,8 @@ void validate(const JobConfig& c) {
         "eval.logits_out needs eval.tokens_path (the logits are written for the token ids in "
         "that file)");
   const auto& lo = c.lora;
-  check(lo.rank >= 0, "lora.rank must be 0 (no adapters) or positive, got " +
-                          std::to_string(lo.rank));
+  check(lo.rank >= 0,
+        "lora.rank must be 0 (no adapters) or positive, got " + std::to_string(lo.rank));
   check(lo.dropout >= 0 && lo.dropout < 1,
         "lora.dropout must be in [0, 1), got " + shortest(lo.dropout));
   check(lo.rank == 0 || std::isfinite(lo.alpha), "lora.alpha must be finite");

@@ -115,6 +115,9 @@ struct ParallelismConfig {
   int64_t context_parallel_degree = 1;
   int64_t pipeline_parallel_degree = 1;
   std::string fsdp_reshard_after_forward = "default";  // default | always | never
+  // Under tensor parallelism: norms and residuals on sequence shards; the loss on vocab shards.
+  bool enable_sequence_parallel = true;
+  bool disable_loss_parallel = false;
 };
 
 struct LossConfig {

@@ -1,10 +1,12 @@
 #include "titan/dist/parallel_dims.h"
 
+#include <algorithm>
+
 #include "titan/core/error.h"
 
 namespace titan::dist {
 
-ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t world_size) {
+ParallelDims ParallelDims::layout(const config::JobConfig& cfg, int64_t world_size) {
   const auto& p = cfg.parallelism;
   ParallelDims d;
   d.world = world_size;
@@ -43,6 +45,20 @@ ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t wor
   const std::string& r = p.fsdp_reshard_after_forward;
   check(r == "default" || r == "always" || r == "never",
         "parallelism.fsdp_reshard_after_forward '" + r + "' is not one of default, always, never");
+  d.sp = d.tp > 1 && p.enable_sequence_parallel;
+  d.loss_parallel = d.tp > 1 && !p.disable_loss_parallel;
+  return d;
+}
+
+ParallelDims ParallelDims::for_plan(const config::JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  const int64_t shard = std::max<int64_t>(1, p.data_parallel_shard_degree);
+  return layout(cfg, p.data_parallel_replicate_degree * shard * p.context_parallel_degree *
+                         p.tensor_parallel_degree * p.pipeline_parallel_degree);
+}
+
+ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t world_size) {
+  const ParallelDims d = layout(cfg, world_size);
   const struct {
     const char* name;
     int64_t v;
@@ -54,16 +70,25 @@ ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t wor
   for (const auto& g : later)
     check(g.v == 1, std::string("parallelism.") + g.name + " " + std::to_string(g.v) + ": " +
                         g.what +
-                        " is not implemented yet; use data parallelism "
+                        " is not implemented yet for training; use data parallelism "
                         "(data_parallel_shard_degree / data_parallel_replicate_degree)");
   return d;
 }
 
 std::string ParallelDims::describe() const {
-  if (batch() == 1) return "single process";
-  if (dp_shard == 1) return "DDP " + std::to_string(dp_replicate);
-  if (dp_replicate == 1) return "FSDP " + std::to_string(dp_shard);
-  return "HSDP " + std::to_string(dp_replicate) + "x" + std::to_string(dp_shard);
+  std::string s;
+  if (batch() > 1) {
+    if (dp_shard == 1)
+      s = "DDP " + std::to_string(dp_replicate);
+    else if (dp_replicate == 1)
+      s = "FSDP " + std::to_string(dp_shard);
+    else
+      s = "HSDP " + std::to_string(dp_replicate) + "x" + std::to_string(dp_shard);
+  }
+  auto add = [&s](const std::string& part) { s += (s.empty() ? "" : " x ") + part; };
+  if (tp > 1) add("TP " + std::to_string(tp) + (sp ? " (SP)" : ""));
+  if (ep > 1) add("EP " + std::to_string(ep));
+  return s.empty() ? "single process" : s;
 }
 
 Meshes make_meshes(const ParallelDims& d, Communicator& world) {

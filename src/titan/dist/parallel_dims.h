@@ -4,8 +4,9 @@
 //   DDP   dp_replicate = N, dp_shard = 1     gradients all-reduced, every rank a full replica
 //   FSDP  dp_shard = N                        gradients reduce-scattered, AdamW state sharded
 //   HSDP  dp_replicate × dp_shard             sharded within a replica group, all-reduced across
-// Tensor, expert, context and pipeline parallelism are validated as torchtitan does and refused
-// with one line while they are not implemented.
+// Tensor, expert, context and pipeline parallelism are validated as torchtitan does; titan plan
+// gives the per-rank memory of TP/EP layouts; training refuses them with one line while they are
+// not implemented.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,16 +19,25 @@ namespace titan::dist {
 
 struct ParallelDims {
   int64_t dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, pp = 1, ep = 1, world = 1;
+  bool sp = false;             // sequence parallelism (tp > 1 and enable_sequence_parallel)
+  bool loss_parallel = false;  // vocab-parallel loss (tp > 1 and not disable_loss_parallel)
 
   // Validates cfg.parallelism against world_size with torchtitan's rules and words
   // (dp_shard -1 = world / (dp_replicate·cp·tp·pp); the product must equal the world size;
-  // (dp_shard·cp·tp) % ep == 0), then refuses degrees not implemented yet. Throws titan::Error
-  // naming the field.
+  // (dp_shard·cp·tp) % ep == 0). Throws titan::Error naming the field.
+  static ParallelDims layout(const config::JobConfig& cfg, int64_t world_size);
+  // The layout of the degrees as given, for a plan made in one process (dp_shard -1 as 1).
+  static ParallelDims for_plan(const config::JobConfig& cfg);
+  // layout(), then refuses the degrees training does not implement yet.
   static ParallelDims from_config(const config::JobConfig& cfg, int64_t world_size);
 
   int64_t batch() const { return dp_replicate * dp_shard; }  // ranks that read different data
   bool sharded() const { return dp_shard > 1; }
-  // "FSDP 4", "DDP 2", "HSDP 2x2", "single process".
+  int64_t fsdp() const { return dp_shard * cp; }  // the ranks sharing one replica's shards
+  // The ranks sharing one expert's shards (torchtitan's efsdp mesh; EP borrows from
+  // dp_shard·cp·tp).
+  int64_t efsdp() const { return dp_shard * cp * tp / ep; }
+  // "FSDP 4", "DDP 2", "HSDP 2x2", "FSDP 2 x TP 2 (SP)", "FSDP 8 x EP 8", "single process".
   std::string describe() const;
 };
 

@@ -28,6 +28,12 @@ struct ParamInfo {
   bool alias = false;          // lm_head.weight when tied: same storage as tok_embeddings.weight
   // The local slice: rows [local_begin, local_begin + local_rows) of dim 0 (all rows unsharded).
   int64_t local_begin = 0, local_rows = 0;
+  // The module's tensor/expert-parallel placement (torchtitan's sharding plan, as data; the
+  // model runs unsharded): replicated; column-wise (dim 0 split over the tp ranks: wq, wk, wv,
+  // w1, w3, the vocab of the embedding and lm_head); row-wise (dim 1: wo, w2); experts (dim 0,
+  // the experts, over the ep ranks; without EP their hidden dimension over tp).
+  enum class Tp { replicate, colwise, rowwise, experts };
+  Tp tp = Tp::replicate;
 };
 
 // A persistent non-parameter tensor (torchtitan's expert_bias): checkpointed, not trained by the
@@ -85,6 +91,12 @@ struct TensorSize {
   bool saved = true;  // false: a workspace
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
+  // How it divides over the tp ranks of a tensor-parallel layout: not (the gathered inputs of
+  // the projections, the router's tensors); over the tokens with sequence parallelism (the
+  // residual stream, the norms' statistics); over heads or hidden units (projections' outputs,
+  // attention; the logits chunk with loss parallelism).
+  enum class Tp { full, sequence, feature };
+  Tp tp = Tp::full;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t s : shape) n *= s;

@@ -24,13 +24,14 @@ int64_t MemoryPlan::total() const {
 }
 
 std::string MemoryPlan::format() const {
-  std::string out = "memory plan (per process):\n";
+  std::string out = layout == "single process" ? "memory plan (per process):\n"
+                                               : "memory plan (per rank of " + layout + "):\n";
   char buf[160];
   for (const auto& l : lines) {
-    std::snprintf(buf, sizeof buf, "  %-52s %14s\n", l.what.c_str(), gib(l.bytes).c_str());
+    std::snprintf(buf, sizeof buf, "  %-60s %14s\n", l.what.c_str(), gib(l.bytes).c_str());
     out += buf;
   }
-  std::snprintf(buf, sizeof buf, "  %-52s %14s  (machine: %s)\n", "total", gib(total()).c_str(),
+  std::snprintf(buf, sizeof buf, "  %-60s %14s  (machine: %s)\n", "total", gib(total()).c_str(),
                 gib(cpu::total_memory_bytes()).c_str());
   return out + buf;
 }
@@ -48,16 +49,62 @@ MemoryPlan plan_memory(const config::JobConfig& cfg) {
   o.bytes_per_param = 0;    // the plan reports what does not fit
   // A layout given by its degrees (titan plan runs in one process): the shard degree as given,
   // -1 (the ranks left over) counting as 1.
-  return plan_memory(cfg, *models::build_model(cfg, o),
-                     std::max<int64_t>(1, cfg.parallelism.data_parallel_shard_degree));
+  const dist::ParallelDims dims = dist::ParallelDims::for_plan(cfg);
+  models::validate_model_config(cfg);  // heads and experts divisible by tp and ep
+  return plan_memory(cfg, *models::build_model(cfg, o), dims);
 }
 
-MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int64_t dp_shard) {
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Elements of a parameter on one rank before FSDP sharding: its tensor/expert-parallel slice.
+int64_t tp_local(const models::ParamInfo& q, const dist::ParallelDims& d) {
+  using Tp = models::ParamInfo::Tp;
+  switch (q.tp) {
+    case Tp::replicate:
+      return q.numel;
+    case Tp::colwise:
+    case Tp::rowwise:
+      return ceil_div(q.numel, d.tp);
+    case Tp::experts:
+      return ceil_div(q.numel, d.ep > 1 ? d.ep : d.tp);
+  }
+  return q.numel;
+}
+
+int64_t tp_local(const models::TensorSize& s, const dist::ParallelDims& d) {
+  using Tp = models::TensorSize::Tp;
+  const bool split = s.tp == Tp::feature ? (s.name != "loss.scratch" || d.loss_parallel)
+                                         : s.tp == Tp::sequence && d.sp;
+  return split ? ceil_div(s.aligned_bytes(), 64 * d.tp) * 64 : s.aligned_bytes();
+}
+}  // namespace
+
+MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
+                       const dist::ParallelDims& dims) {
   const auto& t = cfg.training;
-  const int64_t p = m.num_params() * static_cast<int64_t>(sizeof(float));
+  const int64_t dp_shard = dims.fsdp();
+  // Parameters per rank: the tp/ep slice of each, then its FSDP shard (experts under EP over
+  // efsdp); per unit, the slices a rank gathers.
+  const auto units = m.param_units();
+  std::vector<int64_t> unit_local(units.size(), 0);
+  int64_t dense = 0, experts = 0, whole = 0;
+  for (const auto& q : m.params()) {
+    if (q.alias) continue;
+    const int64_t n = tp_local(q, dims);
+    (q.tp == models::ParamInfo::Tp::experts ? experts : dense) += n;
+    whole += q.numel;
+    // Experts under EP without an efsdp group are a rank's own: never gathered.
+    if (!(q.tp == models::ParamInfo::Tp::experts && dims.ep > 1 && dims.efsdp() == 1))
+      unit_local[static_cast<size_t>(q.group)] += n;
+  }
+  const int64_t local = dense + experts;  // a rank's slices, unsharded
+  const int64_t ps =
+      4 * (ceil_div(dense, dp_shard) + ceil_div(experts, dims.ep > 1 ? dims.efsdp() : dp_shard));
+  const int64_t p = 4 * whole;
   int64_t saved = 0, work = 0, n_saved = 0;
   for (const auto& s : m.activation_table()) {
-    (s.saved ? saved : work) += s.aligned_bytes();
+    (s.saved ? saved : work) += tp_local(s, dims);
     n_saved += s.saved;
   }
   const bool bf16 = t.mixed_precision_param == "bfloat16";
@@ -68,8 +115,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size : t.global_batch_size;
   const int64_t step_tokens = global * t.seq_len;
   MemoryPlan plan;
-  const std::string shard = "; this rank's 1/" + std::to_string(dp_shard) + " shard)";
-  const int64_t ps = (p + dp_shard - 1) / dp_shard;
+  plan.layout = dims.describe();
+  const bool sliced = dims.tp > 1 || dims.ep > 1;
+  const std::string shard =
+      std::string("; ") + (sliced ? "TP/EP slice" : "") + (sliced && dp_shard > 1 ? ", " : "") +
+      (dp_shard > 1 ? "1/" + std::to_string(dp_shard) + " shard" : std::string()) + ")";
+  const bool split = sliced || dp_shard > 1;
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
@@ -77,10 +128,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
       {bf16 ? "frozen base weights (fp32 norms, embedding; LoRA)"
             : "frozen base weights (fp32; LoRA)",
        m.frozen_base_bytes()},
-      {dp_shard > 1 ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
-      {dp_shard > 1 ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
-      {dp_shard > 1 ? "optimizer state (AdamW; fp32" + shard
-                    : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
+      {split ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
+      {split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
+      {split ? "optimizer state (AdamW; fp32" + shard
+             : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
        2 * ps},
       {"saved activations (" + std::to_string(n_saved) + " tensors, AC " +
            models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
@@ -96,13 +147,11 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
     // embedding's gradient lives from the head's backward to the embedding's), the unit being
     // computed and the next one (prefetched weights; the gradient still reducing), weights and
     // gradients (and their bf16 copy).
-    const auto units = m.param_units();
-    int64_t head = units.back().end - units.back().begin, other = 0;
+    int64_t head = unit_local.back(), other = 0;
     bool tied = false;
     for (const auto& q : m.params()) tied = tied || q.alias;
-    if (tied) head += units[0].end - units[0].begin;
-    for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i)
-      other = std::max(other, units[i].end - units[i].begin);
+    if (tied) head += unit_local[0];
+    for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i) other = std::max(other, unit_local[i]);
     plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
                                : "gathered: head group + 2 largest units (fp32 w+g)",
                           (bf16 ? 10 : 8) * (head + 2 * other)});
@@ -122,7 +171,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m, int
   if (bf16) {
     if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line
       plan.lines.insert(plan.lines.begin() + 5,
-                        {"bf16 compute copy of the weights", m.compute_copy_bytes()});
+                        {"bf16 compute copy of the weights",
+                         static_cast<int64_t>(static_cast<double>(m.compute_copy_bytes()) *
+                                              static_cast<double>(local) /
+                                              static_cast<double>(std::max<int64_t>(1, whole)))});
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
     // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.
     if (!ops::bf16_gemm_native())

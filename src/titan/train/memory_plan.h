@@ -1,12 +1,15 @@
 // The per-process memory plan (titan plan, and the check titan train makes before allocating):
 // what the configured run holds, line by line, from the model's parameter list and size table
-// (a plan-only model: nothing is allocated to make it). Later, per rank of a parallel layout.
+// (a plan-only model: nothing is allocated to make it), per rank of the parallel layout: FSDP
+// shards, and the tensor/expert-parallel slices of torchtitan's sharding plan (the placements the
+// model declares: ParamInfo::tp, TensorSize::tp).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "titan/config/job_config.h"
+#include "titan/dist/parallel_dims.h"
 #include "titan/models/model.h"
 
 namespace titan::train {
@@ -17,19 +20,26 @@ struct MemoryPlan {
     int64_t bytes = 0;
   };
   std::vector<Line> lines;
+  std::string layout = "single process";  // ParallelDims::describe()
   int64_t total() const;
   // One line per entry and the total, in GiB, with the machine's memory.
   std::string format() const;
 };
 
 // The plan of `titan train` for cfg, from a plan-only model of it (models::BuildOptions::allocate
-// false) or, in the first form, one built here. Counts the GEMM probe that runs at start when
-// metrics.peak_flops is 0, and the process's resident memory now (code, libraries, data).
+// false) or, in the first form, one built here for the layout of cfg's degrees
+// (ParallelDims::for_plan). Counts the GEMM probe that runs at start when metrics.peak_flops is
+// 0, and the process's resident memory now (code, libraries, data).
+//
+// Per rank: a column- or row-wise parameter holds 1/tp, experts 1/ep (without EP 1/tp), then
+// FSDP keeps 1/fsdp of that (experts under EP: 1/efsdp) as master weights, reduced gradient and
+// AdamW state; activations divide by tp where the model marks them (heads and hidden units
+// always, the residual stream with sequence parallelism, the logits chunk with loss
+// parallelism); the gathered inputs of the projections and the MoE tensors are counted whole
+// (an upper bound: routed tokens per rank vary with the routing).
 MemoryPlan plan_memory(const config::JobConfig& cfg);
-// dp_shard: the FSDP shard degree of the layout (AdamW state and the reduced gradient are held
-// for 1/dp_shard of the parameters per rank).
 MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& plan_model,
-                       int64_t dp_shard = 1);
+                       const dist::ParallelDims& dims = {});
 
 // Throws titan::Error (one line: the plan's total, the machine's memory, what to change) when the
 // plan exceeds the machine's memory.

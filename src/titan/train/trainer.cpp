@@ -140,7 +140,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
 
   // The memory plan, before anything large is allocated: refuse what cannot fit.
-  const MemoryPlan plan = plan_memory(cfg_, *shape, dims_.dp_shard);
+  const MemoryPlan plan = plan_memory(cfg_, *shape, dims_);
   check_fits(plan);
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);

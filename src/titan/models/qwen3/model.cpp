@@ -16,6 +16,43 @@
 
 namespace titan::qwen3 {
 
+namespace {
+bool ends_with(const std::string& s, const char* tail) {
+  const std::string t(tail);
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+// torchtitan's Qwen3 tensor-parallel plan (models/qwen3/sharding.py, models/common/
+// decoder_sharding.py and moe_sharding.py): the embedding and lm_head on the vocabulary, wq, wk,
+// wv, w1, w3 column-wise, wo, w2 row-wise, experts on the expert dimension; norms, q/k norms
+// and the router replicated.
+models::ParamInfo::Tp tp_placement(const std::string& fqn) {
+  using Tp = models::ParamInfo::Tp;
+  if (fqn.find(".moe.experts.") != std::string::npos) return Tp::experts;
+  for (const char* c : {"tok_embeddings.weight", "lm_head.weight", ".wq.weight", ".wk.weight",
+                        ".wv.weight", ".w1.weight", ".w3.weight"})
+    if (ends_with(fqn, c)) return Tp::colwise;
+  if (ends_with(fqn, ".wo.weight") || ends_with(fqn, ".w2.weight")) return Tp::rowwise;
+  return Tp::replicate;
+}
+
+// How an activation-table entry divides over the tp ranks (TensorSize::tp), by its name (a
+// "recompute." entry as the tensor it recomputes).
+models::TensorSize::Tp tp_split(std::string name) {
+  using Tp = models::TensorSize::Tp;
+  if (name.rfind("recompute.", 0) == 0) name = name.substr(10);
+  for (const char* s : {"x", "attention_norm.rstd", "h", "ffn_norm.rstd", "h_final", "norm.rstd"})
+    if (name == s) return Tp::sequence;
+  for (const char* f :
+       {"attention.qkv", "attention.q", "attention.k", "attention.q_norm.rstd",
+        "attention.k_norm.rstd", "attention.out", "attention.lse", "feed_forward.w13",
+        "feed_forward.hidden", "grad.qkv", "grad.q", "grad.k", "grad.attention_out", "grad.w13",
+        "grad.hidden", "attention.scratch", "attention.delta", "loss.scratch"})
+    if (name == f) return Tp::feature;
+  return Tp::full;
+}
+}  // namespace
+
 void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group,
                            int64_t* off) {
   ParamInfo p;
@@ -26,6 +63,7 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
   p.offset = *off;
   p.group = group;
   p.local_rows = p.shape.empty() ? 1 : p.shape[0];
+  p.tp = tp_placement(fqn);
   *off += p.numel;
   params_.push_back(std::move(p));
 }
@@ -98,7 +136,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   norm_ = off;
   add_param("norm.weight", {D}, L + 1, &off);
   if (a_.tie_embeddings) {
-    ParamInfo p{"lm_head.weight", {V, D}, tok_emb_, V * D, 0, true, 0, V};
+    ParamInfo p{"lm_head.weight", {V, D}, tok_emb_, V * D, 0, true, 0, V, ParamInfo::Tp::colwise};
     params_.push_back(p);
     lm_head_ = tok_emb_;
   } else {
@@ -186,7 +224,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     const DType dt = std::is_same_v<T0, int32_t>    ? DType::I32
                      : std::is_same_v<T0, uint16_t> ? DType::BF16
                                                     : DType::F32;
-    sizes_.push_back({name, layer, saved, dt, std::move(shape)});
+    sizes_.push_back({name, layer, saved, dt, std::move(shape), tp_split(name)});
     slots->push_back(reinterpret_cast<void**>(dst));
   };
   // Saved per layer (the forward's outputs the backward reads). Under activation checkpointing

@@ -80,6 +80,25 @@ void validate(const config::JobConfig& c) {
   check(seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(seq_len) +
                                       " exceeds the maximum context of " + source + " (" +
                                       std::to_string(a.max_seq_len) + ")");
+  // The tensor/expert-parallel layout must split whole heads and experts (torchtitan's
+  // validate_tp_constraints and MoE checks).
+  const int64_t tp = c.parallelism.tensor_parallel_degree,
+                ep = c.parallelism.expert_parallel_degree;
+  if (tp > 1) {
+    check(a.n_heads % tp == 0, "n_heads (" + std::to_string(a.n_heads) +
+                                   ") must be divisible by tp_size (" + std::to_string(tp) +
+                                   ") (parallelism.tensor_parallel_degree)");
+    check(a.n_kv_heads % tp == 0, "n_kv_heads (" + std::to_string(a.n_kv_heads) +
+                                      ") must be divisible by tp_size (" + std::to_string(tp) +
+                                      ") (parallelism.tensor_parallel_degree)");
+  }
+  if (ep > 1) {
+    check(a.is_moe(), "parallelism.expert_parallel_degree " + std::to_string(ep) + ": " + source +
+                          " has no experts (expert parallelism is for MoE models)");
+    check(a.num_experts % ep == 0, "num_experts (" + std::to_string(a.num_experts) +
+                                       ") must be divisible by ep (" + std::to_string(ep) +
+                                       ") (parallelism.expert_parallel_degree)");
+  }
 }
 
 std::string describe(const config::JobConfig& c) {
