@@ -1,0 +1,231 @@
+// Expert parallelism's dispatch and combine around a grouped-experts op (expert_parallel.h
+// states the maths and the order of the rows).
+#include "titan/train/expert_parallel.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "titan/core/buffer.h"
+#include "titan/core/error.h"
+
+namespace titan::train {
+namespace {
+
+// Grows b to at least n elements (contents dropped when it grows).
+template <typename T>
+T* at_least(Buffer<T>& b, int64_t n) {
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+// What one layer keeps from its forward to its backward.
+struct LayerState {
+  std::vector<int64_t> send, recv;  // rows to / from each rank
+  std::vector<int64_t> slot;        // slot[t·K + j]: the row of (t, j) in the send order
+  Buffer<float> x_in;               // [R, D] the rows received (the local op's input)
+  Buffer<int32_t> idx_in;           // [R] their local expert
+  Buffer<float> one;                // [R] routing weight 1
+  Buffer<float> o;                  // [T·K, D] the experts' outputs, in the send order
+  Buffer<float> saved;              // the local op's saved state
+  int64_t R = 0;
+};
+
+struct Shared {
+  ops::GroupedExpertsOp local;
+  dist::Communicator* group = nullptr;
+  std::map<const float*, LayerState> layers;
+  Buffer<float> rows, back, dx_in, dw_in, scratch;  // per call, shared by the layers
+};
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+std::vector<int64_t> times(const std::vector<int64_t>& v, int64_t k) {
+  std::vector<int64_t> out(v);
+  for (int64_t& x : out) x *= k;
+  return out;
+}
+
+void check_split(const ops::ExpertsShape& s, int P) {
+  check(s.E % P == 0, "expert parallelism: num_experts (" + std::to_string(s.E) +
+                          ") must be divisible by ep (" + std::to_string(P) + ")");
+}
+
+// The local op's arguments: this rank's experts and the rows it received.
+ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& sh, int64_t R) {
+  const ops::ExpertsShape& s = ea.s;
+  const int P = sh.group->size(), r = sh.group->rank();
+  const int64_t El = s.E / P, per1 = s.F * s.D, per2 = s.D * s.F;
+  ops::ExpertsArgs la;
+  la.s = {R, s.D, s.F, El, 1};
+  la.x = st.x_in.data();
+  la.idx = st.idx_in.data();
+  la.w = st.one.data();
+  la.w1 = ea.w1 ? ea.w1 + r * El * per1 : nullptr;
+  la.w3 = ea.w3 ? ea.w3 + r * El * per1 : nullptr;
+  la.w2 = ea.w2 ? ea.w2 + r * El * per2 : nullptr;
+  la.w1_bf16 = ea.w1_bf16 ? ea.w1_bf16 + r * El * per1 : nullptr;
+  la.w3_bf16 = ea.w3_bf16 ? ea.w3_bf16 + r * El * per1 : nullptr;
+  la.w2_bf16 = ea.w2_bf16 ? ea.w2_bf16 + r * El * per2 : nullptr;
+  la.saved = at_least(st.saved, sh.local.saved_floats(la.s));
+  la.scratch = at_least(sh.scratch, sh.local.scratch_floats(la.s));
+  return la;
+}
+
+void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
+  const ops::ExpertsShape& s = ea.s;
+  dist::Communicator& g = *sh.group;
+  const int P = g.size();
+  check_split(s, P);
+  const int64_t El = s.E / P, D = s.D, N = s.T * s.K;
+  LayerState& st = sh.layers[ea.saved];
+
+  // 1. Rows sorted by (expert, t, j): rank-major since the experts of a rank are consecutive.
+  std::vector<int64_t> per_expert(static_cast<size_t>(s.E), 0);
+  for (int64_t a = 0; a < N; ++a) {
+    const int32_t e = ea.idx[a];
+    check(e >= 0 && e < s.E, "expert parallelism: expert index " + std::to_string(e) +
+                                 " outside [0, " + std::to_string(s.E) + ")");
+    ++per_expert[static_cast<size_t>(e)];
+  }
+  std::vector<int64_t> start(static_cast<size_t>(s.E), 0);
+  for (int64_t e = 1; e < s.E; ++e)
+    start[static_cast<size_t>(e)] = start[size_t(e - 1)] + per_expert[size_t(e - 1)];
+  st.slot.resize(static_cast<size_t>(N));
+  float* rows = at_least(sh.rows, N * D);
+  for (int64_t a = 0; a < N; ++a) {
+    const int64_t at = start[static_cast<size_t>(ea.idx[a])]++;
+    st.slot[static_cast<size_t>(a)] = at;
+    std::memcpy(rows + at * D, ea.x + a / s.K * D, sizeof(float) * static_cast<size_t>(D));
+  }
+  // The counts per (destination, local expert), then the rows.
+  std::vector<int64_t> got(static_cast<size_t>(s.E));
+  g.all_to_all(per_expert.data(), got.data(), El);
+  st.send.assign(static_cast<size_t>(P), 0);
+  st.recv.assign(static_cast<size_t>(P), 0);
+  for (int64_t e = 0; e < s.E; ++e) {
+    st.send[static_cast<size_t>(e / El)] += per_expert[static_cast<size_t>(e)];
+    st.recv[static_cast<size_t>(e / El)] += got[static_cast<size_t>(e)];
+  }
+  const int64_t R = sum(st.recv);
+  st.R = R;
+  float* x_in = at_least(st.x_in, R * D);
+  g.all_to_all(rows, times(st.send, D), x_in, times(st.recv, D));
+  // Received from rank q: its rows for local expert 0, then 1, ...
+  int32_t* idx_in = at_least(st.idx_in, R);
+  float* one = at_least(st.one, R);
+  int64_t k = 0;
+  for (int q = 0; q < P; ++q)
+    for (int64_t e = 0; e < El; ++e)
+      for (int64_t i = 0; i < got[static_cast<size_t>(q * El + e)]; ++i, ++k) {
+        idx_in[k] = static_cast<int32_t>(e);
+        one[k] = 1.0f;
+      }
+
+  // 2. The local experts on the rows received.
+  float* out = at_least(sh.back, R * D);
+  if (R > 0) sh.local.forward(local_args(ea, st, sh, R), out);
+
+  // 3. Back to the rows' ranks; combine in slot order.
+  float* o = at_least(st.o, N * D);
+  g.all_to_all(out, times(st.recv, D), o, times(st.send, D));
+  std::memset(y, 0, sizeof(float) * static_cast<size_t>(s.T * D));
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t j = 0; j < s.K; ++j) {
+      const float w = ea.w[t * s.K + j];
+      const float* oj = o + st.slot[static_cast<size_t>(t * s.K + j)] * D;
+      float* yt = y + t * D;
+      for (int64_t d = 0; d < D; ++d) yt[d] += w * oj[d];
+    }
+}
+
+void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& eg) {
+  const ops::ExpertsShape& s = ea.s;
+  dist::Communicator& g = *sh.group;
+  const int P = g.size(), r = g.rank();
+  check_split(s, P);
+  const int64_t El = s.E / P, D = s.D, N = s.T * s.K;
+  auto it = sh.layers.find(ea.saved);
+  check(it != sh.layers.end() && static_cast<int64_t>(it->second.slot.size()) == N,
+        "expert parallelism: backward without the forward of the same layer and tokens");
+  LayerState& st = it->second;
+  const int64_t R = st.R;
+
+  // dw[t,j] = dy[t]·o[t,j]; the rows w[t,j]·dy[t] to the experts' ranks.
+  float* rows = at_least(sh.rows, N * D);
+  const float* o = st.o.data();
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t j = 0; j < s.K; ++j) {
+      const int64_t a = t * s.K + j, at = st.slot[static_cast<size_t>(a)];
+      const float* dyt = eg.dy + t * D;
+      const float* oj = o + at * D;
+      const float w = ea.w[a];
+      float dot = 0;
+      float* row = rows + at * D;
+      for (int64_t d = 0; d < D; ++d) {
+        dot += dyt[d] * oj[d];
+        row[d] = w * dyt[d];
+      }
+      eg.dw[a] = dot;
+    }
+  float* dy_in = at_least(sh.back, R * D);
+  g.all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D));
+
+  // The local experts' backward: input gradients of the rows, weight gradients of the experts.
+  float* dx_in = at_least(sh.dx_in, R * D);
+  if (R > 0) {
+    const ops::ExpertsArgs la = local_args(ea, st, sh, R);
+    const int64_t per1 = s.F * s.D, per2 = s.D * s.F;
+    ops::ExpertsGrads lg;
+    lg.dy = dy_in;
+    lg.dx = dx_in;
+    lg.dw = at_least(sh.dw_in, R);
+    lg.dw1 = eg.dw1 ? eg.dw1 + r * El * per1 : nullptr;
+    lg.dw3 = eg.dw3 ? eg.dw3 + r * El * per1 : nullptr;
+    lg.dw2 = eg.dw2 ? eg.dw2 + r * El * per2 : nullptr;
+    sh.local.backward(la, lg);
+  }
+
+  // Back to the rows' ranks: dx[t] = Σ_j dx'[t,j], j in order.
+  g.all_to_all(dx_in, times(st.recv, D), rows, times(st.send, D));
+  std::memset(eg.dx, 0, sizeof(float) * static_cast<size_t>(s.T * D));
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t j = 0; j < s.K; ++j) {
+      const float* row = rows + st.slot[static_cast<size_t>(t * s.K + j)] * D;
+      float* dxt = eg.dx + t * D;
+      for (int64_t d = 0; d < D; ++d) dxt[d] += row[d];
+    }
+}
+
+}  // namespace
+
+ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group) {
+  auto sh = std::make_shared<Shared>();
+  sh->local = std::move(local);
+  sh->group = &group;
+  const int P = group.size();
+  ops::GroupedExpertsOp op;
+  op.name = sh->local.name + "+ep" + std::to_string(P);
+  op.device = sh->local.device;
+  op.dtype = sh->local.dtype;
+  op.saved_floats = [](const ops::ExpertsShape&) -> int64_t { return 16; };  // the layer's key
+  op.scratch_floats = [](const ops::ExpertsShape&) -> int64_t { return 0; };
+  op.forward = [sh](const ops::ExpertsArgs& ea, float* y) { forward(*sh, ea, y); };
+  op.backward = [sh](const ops::ExpertsArgs& ea, const ops::ExpertsGrads& eg) {
+    backward(*sh, ea, eg);
+  };
+  op.check = [sh, P](const ops::ExpertsShape& s) {
+    check_split(s, P);
+    // The most rows this rank can receive: every routed row of every rank.
+    if (sh->local.check) sh->local.check({s.T * s.K * P, s.D, s.F, s.E / P, 1});
+  };
+  return op;
+}
+
+}  // namespace titan::train

@@ -1,0 +1,44 @@
+// Expert parallelism (torchtitan's ExpertParallel): the routed experts of one MoE layer split
+// across the P ranks of an EP group, rank r holding experts [r·E/P, (r+1)·E/P), the tokens
+// dispatched to the experts' ranks and combined back with all-to-all(v). It wraps any
+// grouped-experts op (ops/experts_op.h: the built-in kernels or a plugin's) as another op of
+// the same contract, so the model and the kernel stay free of parallelism and a plugin kernel
+// keeps working under EP: the kernel only ever sees this rank's experts and the rows sent to
+// them.
+//
+// forward(x[T,D], idx[T,K], w[T,K]) → y[T,D], with the op's weights w1[E,F,D], w3[E,F,D],
+// w2[E,D,F] of which only this rank's experts are read:
+//   1. each routed row (t, j), j < K, goes to the rank owning expert idx[t,j]: the rows sorted
+//      by (destination rank, expert, t, j); the counts per expert exchanged (all-to-all of P·E/P
+//      int64), then the rows x[t] (all-to-all(v), D floats a row);
+//   2. the wrapped op runs on the R rows received, as a layer of E/P experts with K = 1 and
+//      routing weight 1: o[R,D] = expert(x') (the local experts' weight slices);
+//   3. o goes back to the rows' ranks (all-to-all(v)); y[t] = Σ_j w[t,j]·o[t,j], j in order.
+// backward(dy[T,D]) → dx[T,D], dw[T,K] (written), dw1/dw3/dw2 of this rank's experts (+=):
+//   dw[t,j] = dy[t]·o[t,j]; the rows w[t,j]·dy[t] go to the experts' ranks, the wrapped op's
+//   backward gives their input gradients (and the expert weight gradients, summed over every
+//   rank's tokens), which come back: dx[t] = Σ_j dx'[t,j].
+// So one layer moves the routed rows four times (two all-to-alls forward, two backward), D
+// floats each, plus the per-expert counts: the theoretical EP volume. The routing weights stay
+// on the tokens' rank (applied after the experts, as torchtitan's score_before_experts = False).
+//
+// Equal to the wrapped op on one process over all ranks' tokens up to the order of float sums:
+// the weight gradients sum the same rows in another order, the combine adds w·o as the
+// built-in kernels do.
+//
+// State: the received rows and the expert outputs of each layer live in the op (keyed by the
+// layer's `saved` pointer, which the model keeps distinct per layer or recomputes before the
+// backward), sized by the step's routing; ExpertsArgs::saved and scratch are not used beyond a
+// key. Every rank of the group must call forward and backward in the same order (the model's
+// schedule is the same on every rank).
+#pragma once
+#include "titan/dist/communicator.h"
+#include "titan/ops/experts_op.h"
+
+namespace titan::train {
+
+// The op `local` under expert parallelism over `group` (which must outlive it); its name is
+// local's with "+ep<P>". E % P == 0 is checked by check() and on every call.
+ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group);
+
+}  // namespace titan::train
