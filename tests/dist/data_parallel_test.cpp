@@ -13,9 +13,11 @@
 // microbatch of every rank, as one process averages its accumulated microbatches).
 //
 // Layouts: DDP 2, FSDP 2 (also over TCP, --mca btl tcp,self, as between machines), FSDP 4 and
-// HSDP 2×2. Also: a parallel layout that does not match the ranks, and an error on one rank that
-// must end the whole job (not leave the other rank waiting in a collective). Skipped where mpirun
-// is absent (scripts/install-deps.sh installs OpenMPI).
+// HSDP 2×2; for the MoE model also expert parallelism: FSDP 2 × EP 2, FSDP 4 × EP 2 and
+// HSDP 2×2 × EP 2 (the experts' gradients then come from the ranks that own them, summed by
+// FSDP's reduce-scatter like any other). Also: a parallel layout that does not match the ranks, and
+// an error on one rank that must end the whole job (not leave the other rank waiting in a
+// collective). Skipped where mpirun is absent (scripts/install-deps.sh installs OpenMPI).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -163,7 +165,7 @@ TEST_P(DataParallel, MatchesOneProcessOnTheSameGlobalBatch) {
   const std::string dir = fresh_temp_dir(moe ? "dp_moe" : "dp_dense");
   const std::string docs = write_docs(dir);
   const int steps = 4;
-  const Layout layouts[] = {
+  std::vector<Layout> layouts = {
       {"ddp2", 2,
        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"},
       {"fsdp2", 2, ""},  // data_parallel_shard_degree -1: the two ranks
@@ -173,6 +175,14 @@ TEST_P(DataParallel, MatchesOneProcessOnTheSameGlobalBatch) {
       {"hsdp2x2", 4,
        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
   };
+  if (moe) {  // expert parallelism: the 4 experts split over 2 ranks of the shard group
+    layouts.push_back({"fsdp2_ep2", 2, "--parallelism.expert_parallel_degree 2"});
+    layouts.push_back({"fsdp4_ep2", 4, "--parallelism.expert_parallel_degree 2"});
+    layouts.push_back({"hsdp2x2_ep2", 4,
+                       "--parallelism.data_parallel_replicate_degree 2 "
+                       "--parallelism.data_parallel_shard_degree 2 "
+                       "--parallelism.expert_parallel_degree 2"});
+  }
   for (int np : {2, 4}) {  // one process with np microbatches of accumulation
     const std::string ref = dir + "/one_" + std::to_string(np);
     const ShellRun r =
@@ -190,6 +200,9 @@ TEST_P(DataParallel, MatchesOneProcessOnTheSameGlobalBatch) {
     const size_t at = r.out.find("(ratio ");
     ASSERT_NE(at, std::string::npos) << r.out;
     EXPECT_NEAR(std::stod(r.out.substr(at + 7)), 1.0, 0.05) << r.out.substr(at - 150, 170);
+    if (std::strstr(l.flags, "expert_parallel")) {
+      EXPECT_NE(r.out.find("Expert parallelism per step and rank: "), std::string::npos) << r.out;
+    }
     expect_same_training(dir + "/one_" + std::to_string(l.np), dump, steps);
   }
 }

@@ -102,7 +102,7 @@ std::vector<Field> fields(JobConfig& c) {
       {"parallelism.tensor_parallel_degree", &c.parallelism.tensor_parallel_degree,
        "tensor parallel degree (titan plan only; training: 1)"},
       {"parallelism.expert_parallel_degree", &c.parallelism.expert_parallel_degree,
-       "expert parallel degree (titan plan only; training: 1)"},
+       "expert parallel degree (MoE experts split over ranks of the shard group)"},
       {"parallelism.enable_sequence_parallel", &c.parallelism.enable_sequence_parallel,
        "tensor parallelism: norms and residuals on sequence shards"},
       {"parallelism.disable_loss_parallel", &c.parallelism.disable_loss_parallel,

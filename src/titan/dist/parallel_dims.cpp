@@ -64,7 +64,6 @@ ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t wor
     int64_t v;
     const char* what;
   } later[] = {{"tensor_parallel_degree", d.tp, "tensor parallelism"},
-               {"expert_parallel_degree", d.ep, "expert parallelism"},
                {"context_parallel_degree", d.cp, "context parallelism"},
                {"pipeline_parallel_degree", d.pp, "pipeline parallelism"}};
   for (const auto& g : later)
@@ -98,6 +97,9 @@ Meshes make_meshes(const ParallelDims& d, Communicator& world) {
   m.batch = world.split(0, r);
   m.fsdp = world.split(rep, shard);
   m.replicate = world.split(shard, rep);
+  // EP borrows consecutive ranks of the shard group (torchtitan's dp_shard_in_ep).
+  const int ep = static_cast<int>(d.ep);
+  m.ep = world.split(rep * static_cast<int>(d.dp_shard) / ep + shard / ep, shard % ep);
   m.batch_rank = r;
   m.fsdp_rank = shard;
   m.replicate_rank = rep;

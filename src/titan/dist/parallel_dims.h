@@ -4,9 +4,11 @@
 //   DDP   dp_replicate = N, dp_shard = 1     gradients all-reduced, every rank a full replica
 //   FSDP  dp_shard = N                        gradients reduce-scattered, AdamW state sharded
 //   HSDP  dp_replicate × dp_shard             sharded within a replica group, all-reduced across
-// Tensor, expert, context and pipeline parallelism are validated as torchtitan does; titan plan
-// gives the per-rank memory of TP/EP layouts; training refuses them with one line while they are
-// not implemented.
+//   EP    ep ranks of the shard group        MoE experts split over them, tokens dispatched
+//                                            (train/expert_parallel.h); FSDP as before
+// Tensor, context and pipeline parallelism are validated as torchtitan does; titan plan gives
+// the per-rank memory of TP layouts; training refuses them with one line while they are not
+// implemented.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -45,7 +47,9 @@ struct ParallelDims {
 // loss), `fsdp` (the ranks sharing one replica's shards) and `replicate` (the ranks holding the
 // same shard in different replicas).
 struct Meshes {
-  std::unique_ptr<Communicator> batch, fsdp, replicate;
+  // ep: the expert-parallel group (ep consecutive ranks of the shard group; a group of one
+  // without EP).
+  std::unique_ptr<Communicator> batch, fsdp, replicate, ep;
   int64_t batch_rank = 0, fsdp_rank = 0, replicate_rank = 0;
 };
 Meshes make_meshes(const ParallelDims& d, Communicator& world);

@@ -10,6 +10,7 @@
 #include "titan/config/job_config.h"
 #include "titan/config/module_tree.h"
 #include "titan/models/model.h"
+#include "titan/ops/experts_op.h"
 
 namespace titan::models {
 
@@ -30,6 +31,10 @@ struct BuildOptions {
   // false: the model's own parameters are frozen (no gradient buffer, no weight gradients): the
   // base of LoRA adapters. build_model wraps the model in adapters when cfg.lora.rank > 0.
   bool trainable = true;
+  // Applied to each MoE layer's grouped-experts op once the overrides chose it (one call per
+  // layer): how a trainer puts expert parallelism's dispatch around the kernel
+  // (train/expert_parallel.h) without the model knowing of ranks. Empty: the op as chosen.
+  std::function<ops::GroupedExpertsOp(ops::GroupedExpertsOp)> wrap_experts;
 };
 
 struct ModelSpec {

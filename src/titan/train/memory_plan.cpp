@@ -94,9 +94,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     const int64_t n = tp_local(q, dims);
     (q.tp == models::ParamInfo::Tp::experts ? experts : dense) += n;
     whole += q.numel;
-    // Experts under EP without an efsdp group are a rank's own: never gathered.
-    if (!(q.tp == models::ParamInfo::Tp::experts && dims.ep > 1 && dims.efsdp() == 1))
-      unit_local[static_cast<size_t>(q.group)] += n;
+    // Under EP titan's FSDP gathers a layer's experts whole, as any parameter, and the dispatch
+    // (train/expert_parallel.h) reads the rank's own; torchtitan gathers only those, over efsdp.
+    const bool ep_experts = q.tp == models::ParamInfo::Tp::experts && dims.ep > 1;
+    unit_local[static_cast<size_t>(q.group)] += ep_experts ? q.numel : n;
   }
   const int64_t local = dense + experts;  // a rank's slices, unsharded
   const int64_t ps =

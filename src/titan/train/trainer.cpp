@@ -15,6 +15,7 @@
 #include "titan/data/dataset.h"
 #include "titan/models/registry.h"
 #include "titan/ops/gemm.h"
+#include "titan/train/expert_parallel.h"
 #include "titan/train/memory_plan.h"
 #include "titan/train/weights_check.h"
 
@@ -145,6 +146,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
   bo.allocate = bo.log_overrides = true;
+  if (dims_.ep > 1)  // the dispatch around each MoE layer's experts op, over the EP group
+    bo.wrap_experts = [this](ops::GroupedExpertsOp op) {
+      return expert_parallel(std::move(op), *mesh_.ep);
+    };
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
   model_ = models::build_model(cfg_, bo);
   const bool lora = model_->frozen_base() != nullptr;
@@ -205,6 +210,17 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
               (fsdp_ ? ", parameters gathered unit by unit (reshard_after_forward " +
                            cfg_.parallelism.fsdp_reshard_after_forward + ")"
                      : std::string()));
+  if (dims_.ep > 1) {
+    int64_t E = 0;
+    for (const auto& q : model_->params())
+      if (q.tp == models::ParamInfo::Tp::experts) E = q.shape[0];
+    const int64_t El = E / dims_.ep, r = mesh_.ep->rank();
+    log::info("Expert parallelism: EP " + std::to_string(dims_.ep) + " (" +
+              std::to_string(dist::world().size() / dims_.ep) +
+              " groups); this rank runs experts [" + std::to_string(r * El) + ", " +
+              std::to_string((r + 1) * El) +
+              ") of every MoE layer on the tokens routed to them by its group (all-to-all)");
+  }
   if (auto& st = loaded) {
     resumed_ = true;
     step_ = st->step;
@@ -237,6 +253,7 @@ StepResult Trainer::step() {
   const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   StepResult r;
   const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
+  const int64_t ep0 = mesh_.ep->bytes_sent();
   if (fsdp_)
     fsdp_->begin_step();  // the model's gradients are already zero (given back by each unit)
   else
@@ -284,6 +301,7 @@ StepResult Trainer::step() {
   }
   reduce_and_update(r);
   step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
+  ep_comm_bytes_ += mesh_.ep->bytes_sent() - ep0;
   return r;
 }
 
@@ -569,6 +587,13 @@ void Trainer::train() {
                   "%.3f MiB in theory for %s (ratio %.4f)",
                   sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
     log::info(buf);
+    if (dims_.ep > 1) {
+      std::snprintf(buf, sizeof buf,
+                    "Expert parallelism per step and rank: %.3f MiB sent in the token dispatch "
+                    "and combine (4 all-to-alls of the routed rows per MoE layer and microbatch)",
+                    static_cast<double>(ep_comm_bytes_) / steps / 1048576.0);
+      log::info(buf);
+    }
     if (fsdp_) {
       std::snprintf(
           buf, sizeof buf,

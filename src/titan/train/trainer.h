@@ -68,6 +68,7 @@ class Trainer {
   dist::ParallelDims dims_;
   dist::Meshes mesh_;
   int64_t step_comm_bytes_ = 0;  // sent by the step's fsdp/replicate collectives so far
+  int64_t ep_comm_bytes_ = 0;    // sent by the steps' expert-parallel dispatch and combine
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;

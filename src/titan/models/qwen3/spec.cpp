@@ -146,10 +146,17 @@ models::ModelSpec model_spec() {
     if (o.bytes_per_param > 0)  // 0: titan plan, which reports rather than refuses
       check_fits_in_memory(a, o.bytes_per_param, cpu::total_memory_bytes(), model_source(c));
     const DType compute = c.training.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32;
-    return std::make_unique<Qwen3Model>(
-        a, o.batch, o.seq_len, o.loss_chunks, rope_plan(tree, a, o.seq_len),
-        experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides), o.allocate, o.ac,
-        compute, o.trainable);
+    auto experts = experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides);
+    if (o.wrap_experts)
+      for (auto& op : experts)
+        if (op.forward) {
+          op = o.wrap_experts(std::move(op));
+          if (op.check)
+            op.check({o.batch * o.seq_len, a.dim, a.moe_hidden_dim, a.num_experts, a.top_k});
+        }
+    return std::make_unique<Qwen3Model>(a, o.batch, o.seq_len, o.loss_chunks,
+                                        rope_plan(tree, a, o.seq_len), std::move(experts),
+                                        o.allocate, o.ac, compute, o.trainable);
   };
   return s;
 }
