@@ -12,8 +12,9 @@
 //  * Both built-in kernels as the wrapped op (the oneDNN grouped GEMMs and the plain loop that
 //    stands in for a plugin's kernel).
 //  * The bytes sent equal the theory: per layer, the routed rows leaving this rank (to other
-//    ranks) and coming back, D floats each, forward and backward (4 all-to-alls), plus the
-//    per-expert counts (E/P int64 to each other rank).
+//    ranks) and coming back, D floats each, forward and backward (4 all-to-alls), plus one
+//    float per row each way (the routing weight out, its gradient back) and the per-expert
+//    counts (E/P int64 to each other rank).
 //
 // ExpertParallelRanks.* run under mpirun (skipped otherwise); ExpertParallel.OnTwoAndFourRanks
 // launches them on 2 and 4 ranks. ExpertParallel.OneProcess runs the same checks with a group of
@@ -177,7 +178,7 @@ void check_on(dist::Communicator& c) {
       std::vector<float> saved;
       const Result mine = run(ep, p, r * T, T, saved);
       const int64_t moved = rows_out(p, r * T, T, r, P) + rows_in(p, r * T, T, r, P);
-      EXPECT_EQ(c.bytes_sent() - before, 2 * moved * D * 4 + (P - 1) * (E / P) * 8) << what;
+      EXPECT_EQ(c.bytes_sent() - before, moved * (2 * D + 1) * 4 + (P - 1) * (E / P) * 8) << what;
       compare(what, mine, one, p, r * T, T, r, P);
     }
 

@@ -137,6 +137,13 @@ TEST(MemoryPlan, ExpertParallelQwen3_30B_A3B) {
   // The experts are gathered whole, as FSDP 8 gathers them (titan's EP reads the rank's slice of
   // the gathered layer; torchtitan's gathers only that slice, over efsdp).
   EXPECT_NEAR(line_bytes(ep8, "gathered"), line_bytes(fsdp8, "gathered"), 64) << ep8.format();
+  // The dispatch keeps each MoE layer's received rows, T·K of width D (+ weight, id), balanced:
+  // 48 layers x 4096 tokens x 8 experts x 2050 floats, plus 4 exchange buffers of T·K·(D + 1).
+  const double rows = 4096.0 * 8;
+  EXPECT_NEAR(line_bytes(ep8, "expert-parallel dispatch"), 4 * (48 * rows * 2050 + 4 * rows * 2049),
+              1e3)
+      << ep8.format();
+  EXPECT_EQ(fsdp8.format().find("expert-parallel"), std::string::npos);
 }
 
 TEST(MemoryPlan, LayoutsThatDoNotDivideTheModel) {

@@ -27,8 +27,7 @@ struct LayerState {
   std::vector<int64_t> slot;        // slot[t·K + j]: the row of (t, j) in the send order
   Buffer<float> x_in;               // [R, D] the rows received (the local op's input)
   Buffer<int32_t> idx_in;           // [R] their local expert
-  Buffer<float> one;                // [R] routing weight 1
-  Buffer<float> o;                  // [T·K, D] the experts' outputs, in the send order
+  Buffer<float> w_in;               // [R] their routing weight
   Buffer<float> saved;              // the local op's saved state
   int64_t R = 0;
 };
@@ -37,7 +36,9 @@ struct Shared {
   ops::GroupedExpertsOp local;
   dist::Communicator* group = nullptr;
   std::map<const float*, LayerState> layers;
-  Buffer<float> rows, back, dx_in, dw_in, scratch;  // per call, shared by the layers
+  // Per call, shared by the layers: rows in the send order, rows as received, the local op's
+  // outputs and its buffers.
+  Buffer<float> rows, got, out, dx, dw_in, scratch;
 };
 
 int64_t sum(const std::vector<int64_t>& v) {
@@ -58,15 +59,15 @@ void check_split(const ops::ExpertsShape& s, int P) {
 }
 
 // The local op's arguments: this rank's experts and the rows it received.
-ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& sh, int64_t R) {
+ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& sh) {
   const ops::ExpertsShape& s = ea.s;
   const int P = sh.group->size(), r = sh.group->rank();
   const int64_t El = s.E / P, per1 = s.F * s.D, per2 = s.D * s.F;
   ops::ExpertsArgs la;
-  la.s = {R, s.D, s.F, El, 1};
+  la.s = {st.R, s.D, s.F, El, 1};
   la.x = st.x_in.data();
   la.idx = st.idx_in.data();
-  la.w = st.one.data();
+  la.w = st.w_in.data();
   la.w1 = ea.w1 ? ea.w1 + r * El * per1 : nullptr;
   la.w3 = ea.w3 ? ea.w3 + r * El * per1 : nullptr;
   la.w2 = ea.w2 ? ea.w2 + r * El * per2 : nullptr;
@@ -83,10 +84,11 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   dist::Communicator& g = *sh.group;
   const int P = g.size();
   check_split(s, P);
-  const int64_t El = s.E / P, D = s.D, N = s.T * s.K;
+  const int64_t El = s.E / P, D = s.D, N = s.T * s.K, W = D + 1;
   LayerState& st = sh.layers[ea.saved];
 
-  // 1. Rows sorted by (expert, t, j): rank-major since the experts of a rank are consecutive.
+  // 1. Rows [x[t] | w[t,j]] sorted by (expert, t, j): rank-major, a rank's experts being
+  //    consecutive.
   std::vector<int64_t> per_expert(static_cast<size_t>(s.E), 0);
   for (int64_t a = 0; a < N; ++a) {
     const int32_t e = ea.idx[a];
@@ -98,11 +100,12 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   for (int64_t e = 1; e < s.E; ++e)
     start[static_cast<size_t>(e)] = start[size_t(e - 1)] + per_expert[size_t(e - 1)];
   st.slot.resize(static_cast<size_t>(N));
-  float* rows = at_least(sh.rows, N * D);
+  float* rows = at_least(sh.rows, N * W);
   for (int64_t a = 0; a < N; ++a) {
     const int64_t at = start[static_cast<size_t>(ea.idx[a])]++;
     st.slot[static_cast<size_t>(a)] = at;
-    std::memcpy(rows + at * D, ea.x + a / s.K * D, sizeof(float) * static_cast<size_t>(D));
+    std::memcpy(rows + at * W, ea.x + a / s.K * D, sizeof(float) * static_cast<size_t>(D));
+    rows[at * W + D] = ea.w[a];
   }
   // The counts per (destination, local expert), then the rows.
   std::vector<int64_t> got(static_cast<size_t>(s.E));
@@ -115,33 +118,34 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   }
   const int64_t R = sum(st.recv);
   st.R = R;
-  float* x_in = at_least(st.x_in, R * D);
-  g.all_to_all(rows, times(st.send, D), x_in, times(st.recv, D));
+  float* in = at_least(sh.got, R * W);
+  g.all_to_all(rows, times(st.send, W), in, times(st.recv, W));
   // Received from rank q: its rows for local expert 0, then 1, ...
+  float* x_in = at_least(st.x_in, R * D);
   int32_t* idx_in = at_least(st.idx_in, R);
-  float* one = at_least(st.one, R);
+  float* w_in = at_least(st.w_in, R);
   int64_t k = 0;
   for (int q = 0; q < P; ++q)
     for (int64_t e = 0; e < El; ++e)
       for (int64_t i = 0; i < got[static_cast<size_t>(q * El + e)]; ++i, ++k) {
+        std::memcpy(x_in + k * D, in + k * W, sizeof(float) * static_cast<size_t>(D));
+        w_in[k] = in[k * W + D];
         idx_in[k] = static_cast<int32_t>(e);
-        one[k] = 1.0f;
       }
 
-  // 2. The local experts on the rows received.
-  float* out = at_least(sh.back, R * D);
-  if (R > 0) sh.local.forward(local_args(ea, st, sh, R), out);
+  // 2. The local experts on the rows received, weighted: out = w·expert(x).
+  float* out = at_least(sh.out, R * D);
+  if (R > 0) sh.local.forward(local_args(ea, st, sh), out);
 
-  // 3. Back to the rows' ranks; combine in slot order.
-  float* o = at_least(st.o, N * D);
-  g.all_to_all(out, times(st.recv, D), o, times(st.send, D));
+  // 3. Back to the rows' ranks; y[t] = Σ_j in slot order.
+  float* back = at_least(sh.rows, N * D);
+  g.all_to_all(out, times(st.recv, D), back, times(st.send, D));
   std::memset(y, 0, sizeof(float) * static_cast<size_t>(s.T * D));
   for (int64_t t = 0; t < s.T; ++t)
     for (int64_t j = 0; j < s.K; ++j) {
-      const float w = ea.w[t * s.K + j];
-      const float* oj = o + st.slot[static_cast<size_t>(t * s.K + j)] * D;
+      const float* row = back + st.slot[static_cast<size_t>(t * s.K + j)] * D;
       float* yt = y + t * D;
-      for (int64_t d = 0; d < D; ++d) yt[d] += w * oj[d];
+      for (int64_t d = 0; d < D; ++d) yt[d] += row[d];
     }
 }
 
@@ -150,57 +154,51 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
   dist::Communicator& g = *sh.group;
   const int P = g.size(), r = g.rank();
   check_split(s, P);
-  const int64_t El = s.E / P, D = s.D, N = s.T * s.K;
+  const int64_t El = s.E / P, D = s.D, N = s.T * s.K, W = D + 1;
   auto it = sh.layers.find(ea.saved);
   check(it != sh.layers.end() && static_cast<int64_t>(it->second.slot.size()) == N,
         "expert parallelism: backward without the forward of the same layer and tokens");
   LayerState& st = it->second;
   const int64_t R = st.R;
 
-  // dw[t,j] = dy[t]·o[t,j]; the rows w[t,j]·dy[t] to the experts' ranks.
-  float* rows = at_least(sh.rows, N * D);
-  const float* o = st.o.data();
-  for (int64_t t = 0; t < s.T; ++t)
-    for (int64_t j = 0; j < s.K; ++j) {
-      const int64_t a = t * s.K + j, at = st.slot[static_cast<size_t>(a)];
-      const float* dyt = eg.dy + t * D;
-      const float* oj = o + at * D;
-      const float w = ea.w[a];
-      float dot = 0;
-      float* row = rows + at * D;
-      for (int64_t d = 0; d < D; ++d) {
-        dot += dyt[d] * oj[d];
-        row[d] = w * dyt[d];
-      }
-      eg.dw[a] = dot;
-    }
-  float* dy_in = at_least(sh.back, R * D);
+  // The rows dy[t] to the experts' ranks.
+  float* rows = at_least(sh.rows, N * W);
+  for (int64_t a = 0; a < N; ++a)
+    std::memcpy(rows + st.slot[static_cast<size_t>(a)] * D, eg.dy + a / s.K * D,
+                sizeof(float) * static_cast<size_t>(D));
+  float* dy_in = at_least(sh.got, R * W);
   g.all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D));
 
-  // The local experts' backward: input gradients of the rows, weight gradients of the experts.
-  float* dx_in = at_least(sh.dx_in, R * D);
+  // The local experts' backward: the rows' input and routing-weight gradients, the experts'
+  // weight gradients; packed [dx | dw] for the way back.
+  float* dx_in = at_least(sh.out, R * W);
   if (R > 0) {
-    const ops::ExpertsArgs la = local_args(ea, st, sh, R);
+    const ops::ExpertsArgs la = local_args(ea, st, sh);
     const int64_t per1 = s.F * s.D, per2 = s.D * s.F;
+    float* dx = at_least(sh.dx, R * D);
     ops::ExpertsGrads lg;
     lg.dy = dy_in;
-    lg.dx = dx_in;
+    lg.dx = dx;
     lg.dw = at_least(sh.dw_in, R);
     lg.dw1 = eg.dw1 ? eg.dw1 + r * El * per1 : nullptr;
     lg.dw3 = eg.dw3 ? eg.dw3 + r * El * per1 : nullptr;
     lg.dw2 = eg.dw2 ? eg.dw2 + r * El * per2 : nullptr;
     sh.local.backward(la, lg);
+    for (int64_t k = 0; k < R; ++k) {
+      std::memcpy(dx_in + k * W, dx + k * D, sizeof(float) * static_cast<size_t>(D));
+      dx_in[k * W + D] = lg.dw[k];
+    }
   }
 
-  // Back to the rows' ranks: dx[t] = Σ_j dx'[t,j], j in order.
-  g.all_to_all(dx_in, times(st.recv, D), rows, times(st.send, D));
+  // Back to the rows' ranks: dx[t] = Σ_j dx'[t,j] (j in order), dw[t,j] = dw'[t,j].
+  g.all_to_all(dx_in, times(st.recv, W), rows, times(st.send, W));
   std::memset(eg.dx, 0, sizeof(float) * static_cast<size_t>(s.T * D));
-  for (int64_t t = 0; t < s.T; ++t)
-    for (int64_t j = 0; j < s.K; ++j) {
-      const float* row = rows + st.slot[static_cast<size_t>(t * s.K + j)] * D;
-      float* dxt = eg.dx + t * D;
-      for (int64_t d = 0; d < D; ++d) dxt[d] += row[d];
-    }
+  for (int64_t a = 0; a < N; ++a) {
+    const float* row = rows + st.slot[static_cast<size_t>(a)] * W;
+    float* dxt = eg.dx + a / s.K * D;
+    for (int64_t d = 0; d < D; ++d) dxt[d] += row[d];
+    eg.dw[a] = row[D];
+  }
 }
 
 }  // namespace

@@ -10,23 +10,27 @@
 // w2[E,D,F] of which only this rank's experts are read:
 //   1. each routed row (t, j), j < K, goes to the rank owning expert idx[t,j]: the rows sorted
 //      by (destination rank, expert, t, j); the counts per expert exchanged (all-to-all of P·E/P
-//      int64), then the rows x[t] (all-to-all(v), D floats a row);
-//   2. the wrapped op runs on the R rows received, as a layer of E/P experts with K = 1 and
-//      routing weight 1: o[R,D] = expert(x') (the local experts' weight slices);
-//   3. o goes back to the rows' ranks (all-to-all(v)); y[t] = Σ_j w[t,j]·o[t,j], j in order.
+//      int64), then the rows [x[t] | w[t,j]] (all-to-all(v), D + 1 floats a row);
+//   2. the wrapped op runs on the R rows received, as a layer of E/P experts with K = 1 and the
+//      rows' routing weights: out[R,D] = w·expert(x') (the local experts' weight slices);
+//   3. out goes back to the rows' ranks (all-to-all(v), D floats a row); y[t] = Σ_j out[t,j],
+//      j in order.
 // backward(dy[T,D]) → dx[T,D], dw[T,K] (written), dw1/dw3/dw2 of this rank's experts (+=):
-//   dw[t,j] = dy[t]·o[t,j]; the rows w[t,j]·dy[t] go to the experts' ranks, the wrapped op's
-//   backward gives their input gradients (and the expert weight gradients, summed over every
-//   rank's tokens), which come back: dx[t] = Σ_j dx'[t,j].
+//   the rows dy[t] go to the experts' ranks (D floats), the wrapped op's backward gives their
+//   input and routing-weight gradients (and the expert weight gradients, summed over every
+//   rank's tokens), which come back as [dx' | dw'] (D + 1 floats): dx[t] = Σ_j dx'[t,j],
+//   dw[t,j] = dw'[t,j].
 // So one layer moves the routed rows four times (two all-to-alls forward, two backward), D
-// floats each, plus the per-expert counts: the theoretical EP volume. The routing weights stay
-// on the tokens' rank (applied after the experts, as torchtitan's score_before_experts = False).
+// floats each plus the routing weight and its gradient, and the per-expert counts: the
+// theoretical EP volume and 1/D more. Carrying the weight with the row (torchtitan's
+// score_before_experts = False applies it after the experts, as here) spares keeping the expert
+// outputs for dw: a layer keeps only the rows it received.
 //
 // Equal to the wrapped op on one process over all ranks' tokens up to the order of float sums:
-// the weight gradients sum the same rows in another order, the combine adds w·o as the
-// built-in kernels do.
+// the weight gradients sum the same rows in another order, the combine adds the weighted
+// outputs in slot order as the built-in kernels do.
 //
-// State: the received rows and the expert outputs of each layer live in the op (keyed by the
+// State: the rows each layer received live in the op (keyed by the
 // layer's `saved` pointer, which the model keeps distinct per layer or recomputes before the
 // backward), sized by the step's routing; ExpertsArgs::saved and scratch are not used beyond a
 // key. Every rank of the group must call forward and backward in the same order (the model's

@@ -108,6 +108,24 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     (s.saved ? saved : work) += tp_local(s, dims);
     n_saved += s.saved;
   }
+  // Expert parallelism's dispatch (train/expert_parallel.h), at balanced routing (each rank
+  // receives as many rows as it sends, T·K per layer; up to ep times more when every token picks
+  // one rank's experts): per MoE layer the rows received [T·K, D] with their weights and expert
+  // ids, kept to the backward (one layer's under full AC, recomputed); once, the exchange
+  // buffers (rows sent, received, returned, their gradients: ≈ 4·T·K·(D + 1)).
+  int64_t ep_bytes = 0;
+  if (dims.ep > 1) {
+    int64_t D = 0, rows = 0;
+    for (const auto& s : m.activation_table())
+      if (s.name == "h_final" && s.shape.size() == 2) D = s.shape[1];
+    for (const auto& s : m.activation_table()) {
+      if (s.name.size() < 18 || s.name.compare(s.name.size() - 18, 18, "moe.router.weights"))
+        continue;
+      rows = std::max(rows, s.numel());
+      if (s.saved || ep_bytes == 0) ep_bytes += 4 * s.numel() * (D + 2);
+    }
+    ep_bytes += 4 * 4 * rows * (D + 1);
+  }
   const bool bf16 = t.mixed_precision_param == "bfloat16";
   int64_t largest = 0, loss_scratch = 0;  // sizes behind the converting path's copies
   for (const auto& q : m.params()) largest = std::max(largest, q.numel);
@@ -117,9 +135,9 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   const int64_t step_tokens = global * t.seq_len;
   MemoryPlan plan;
   plan.layout = dims.describe();
-  const bool sliced = dims.tp > 1 || dims.ep > 1;
+  const bool sliced = dims.tp > 1;  // under EP the experts are FSDP-sharded like the rest
   const std::string shard =
-      std::string("; ") + (sliced ? "TP/EP slice" : "") + (sliced && dp_shard > 1 ? ", " : "") +
+      std::string("; ") + (sliced ? "TP slice" : "") + (sliced && dp_shard > 1 ? ", " : "") +
       (dp_shard > 1 ? "1/" + std::to_string(dp_shard) + " shard" : std::string()) + ")";
   const bool split = sliced || dp_shard > 1;
   plan.lines = {
@@ -143,6 +161,9 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       {"workspaces (shared by the layers)", work},
       {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };
+  if (ep_bytes > 0)
+    plan.lines.insert(plan.lines.end() - 1,
+                      {"expert-parallel dispatch (rows received, exchange buffers)", ep_bytes});
   if (dp_shard > 1) {  // FSDP (train/fsdp.h)
     // Whole at once: the head's group (kept gathered through the step by default; a tied
     // embedding's gradient lives from the head's backward to the embedding's), the unit being
