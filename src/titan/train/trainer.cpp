@@ -215,10 +215,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     for (const auto& q : model_->params())
       if (q.tp == models::ParamInfo::Tp::experts) E = q.shape[0];
     const int64_t El = E / dims_.ep, r = mesh_.ep->rank();
-    log::info("Expert parallelism: EP " + std::to_string(dims_.ep) + " (" +
-              std::to_string(dist::world().size() / dims_.ep) +
-              " groups); this rank runs experts [" + std::to_string(r * El) + ", " +
-              std::to_string((r + 1) * El) +
+    const int64_t groups = dist::world().size() / dims_.ep;
+    log::info("Expert parallelism: EP " + std::to_string(dims_.ep) + " (" + std::to_string(groups) +
+              (groups == 1 ? " group" : " groups") + "); this rank runs experts [" +
+              std::to_string(r * El) + ", " + std::to_string((r + 1) * El) +
               ") of every MoE layer on the tokens routed to them by its group (all-to-all)");
   }
   if (auto& st = loaded) {
