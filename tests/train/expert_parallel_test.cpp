@@ -7,7 +7,8 @@
 //    experts equal the one-process op's within 1e-5 relative plus 1e-6 of the tensor's scale
 //    (the expert weight gradients sum the same rows in another order; fp32 sums of at most
 //    T·K·P rows of O(1) terms are ~1e-7 relative apart); the other experts' gradients stay 0.
-//  * Two layers interleaved (forward 0, forward 1, backward 1, backward 0) keep their own state.
+//  * Two layers interleaved (forward 0, forward 1, backward 1, backward 0) keep their own state,
+//    with an op each sharing the exchange buffers (as the trainer builds them) or one op.
 //  * Routings that leave a rank's experts without tokens, and every token on one rank's experts.
 //  * Both built-in kernels as the wrapped op (the oneDNN grouped GEMMs and the plain loop that
 //    stands in for a plugin's kernel).
@@ -188,7 +189,12 @@ void check_on(dist::Communicator& c) {
   const ops::GroupedExpertsOp kernel = ops::grouped_experts_op();
   std::vector<float> sa, sb;
   const Result ra = run(kernel, a, 0, T * P, sa), rb = run(kernel, b, 0, T * P, sb);
-  const ops::GroupedExpertsOp ep = expert_parallel(kernel, c);
+  // One op per layer sharing the exchange buffers (as the trainer builds them), and one op
+  // serving both layers.
+  const auto buffers = dispatch_buffers();
+  const ops::GroupedExpertsOp ep = expert_parallel(kernel, c, buffers),
+                              ep1 = expert_parallel(kernel, c, buffers),
+                              both = expert_parallel(kernel, c);
   auto args = [&](const Problem& p, std::vector<float>& saved) {
     ops::ExpertsArgs ea;
     ea.s = {T, D, F, E, K};
@@ -202,33 +208,38 @@ void check_on(dist::Communicator& c) {
     ea.saved = saved.data();
     return ea;
   };
-  std::vector<float> ka, kb;
-  const ops::ExpertsArgs ea = args(a, ka), eb = args(b, kb);
-  Result ma, mb;
-  for (Result* m : {&ma, &mb}) {
-    m->y.resize(static_cast<size_t>(T * D));
-    m->dx.resize(static_cast<size_t>(T * D));
-    m->dw.resize(static_cast<size_t>(T * K));
-    m->dw1.assign(a.w1.size(), 0);
-    m->dw3.assign(a.w3.size(), 0);
-    m->dw2.assign(a.w2.size(), 0);
+  for (bool shared_op : {false, true}) {
+    const ops::GroupedExpertsOp& op0 = shared_op ? both : ep;
+    const ops::GroupedExpertsOp& op1 = shared_op ? both : ep1;
+    std::vector<float> ka, kb;
+    const ops::ExpertsArgs ea = args(a, ka), eb = args(b, kb);
+    Result ma, mb;
+    for (Result* m : {&ma, &mb}) {
+      m->y.resize(static_cast<size_t>(T * D));
+      m->dx.resize(static_cast<size_t>(T * D));
+      m->dw.resize(static_cast<size_t>(T * K));
+      m->dw1.assign(a.w1.size(), 0);
+      m->dw3.assign(a.w3.size(), 0);
+      m->dw2.assign(a.w2.size(), 0);
+    }
+    op0.forward(ea, ma.y.data());
+    op1.forward(eb, mb.y.data());
+    auto grads = [&](const Problem& p, Result& m) {
+      ops::ExpertsGrads g;
+      g.dy = p.dy.data() + r * T * D;
+      g.dx = m.dx.data();
+      g.dw = m.dw.data();
+      g.dw1 = m.dw1.data();
+      g.dw3 = m.dw3.data();
+      g.dw2 = m.dw2.data();
+      return g;
+    };
+    op1.backward(eb, grads(b, mb));
+    op0.backward(ea, grads(a, ma));
+    const std::string how = shared_op ? "one op, " : "an op each, ";
+    compare(how + "layer 0", ma, ra, a, r * T, T, r, P);
+    compare(how + "layer 1", mb, rb, b, r * T, T, r, P);
   }
-  ep.forward(ea, ma.y.data());
-  ep.forward(eb, mb.y.data());
-  auto grads = [&](const Problem& p, Result& m) {
-    ops::ExpertsGrads g;
-    g.dy = p.dy.data() + r * T * D;
-    g.dx = m.dx.data();
-    g.dw = m.dw.data();
-    g.dw1 = m.dw1.data();
-    g.dw3 = m.dw3.data();
-    g.dw2 = m.dw2.data();
-    return g;
-  };
-  ep.backward(eb, grads(b, mb));
-  ep.backward(ea, grads(a, ma));
-  compare("layer 0", ma, ra, a, r * T, T, r, P);
-  compare("layer 1", mb, rb, b, r * T, T, r, P);
 }
 
 TEST(ExpertParallel, OneProcess) {

@@ -32,13 +32,22 @@ struct LayerState {
   int64_t R = 0;
 };
 
+}  // namespace
+
+// Per call: rows in the send order, rows as received, the local op's outputs and its buffers.
+struct DispatchBuffers {
+  Buffer<float> rows, got, out, dx, dw_in, scratch;
+};
+
+std::shared_ptr<DispatchBuffers> dispatch_buffers() { return std::make_shared<DispatchBuffers>(); }
+
+namespace {
+
 struct Shared {
   ops::GroupedExpertsOp local;
   dist::Communicator* group = nullptr;
   std::map<const float*, LayerState> layers;
-  // Per call, shared by the layers: rows in the send order, rows as received, the local op's
-  // outputs and its buffers.
-  Buffer<float> rows, got, out, dx, dw_in, scratch;
+  std::shared_ptr<DispatchBuffers> buf;
 };
 
 int64_t sum(const std::vector<int64_t>& v) {
@@ -75,7 +84,7 @@ ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& 
   la.w3_bf16 = ea.w3_bf16 ? ea.w3_bf16 + r * El * per1 : nullptr;
   la.w2_bf16 = ea.w2_bf16 ? ea.w2_bf16 + r * El * per2 : nullptr;
   la.saved = at_least(st.saved, sh.local.saved_floats(la.s));
-  la.scratch = at_least(sh.scratch, sh.local.scratch_floats(la.s));
+  la.scratch = at_least(sh.buf->scratch, sh.local.scratch_floats(la.s));
   return la;
 }
 
@@ -100,7 +109,7 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   for (int64_t e = 1; e < s.E; ++e)
     start[static_cast<size_t>(e)] = start[size_t(e - 1)] + per_expert[size_t(e - 1)];
   st.slot.resize(static_cast<size_t>(N));
-  float* rows = at_least(sh.rows, N * W);
+  float* rows = at_least(sh.buf->rows, N * W);
   for (int64_t a = 0; a < N; ++a) {
     const int64_t at = start[static_cast<size_t>(ea.idx[a])]++;
     st.slot[static_cast<size_t>(a)] = at;
@@ -118,7 +127,7 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   }
   const int64_t R = sum(st.recv);
   st.R = R;
-  float* in = at_least(sh.got, R * W);
+  float* in = at_least(sh.buf->got, R * W);
   g.all_to_all(rows, times(st.send, W), in, times(st.recv, W));
   // Received from rank q: its rows for local expert 0, then 1, ...
   float* x_in = at_least(st.x_in, R * D);
@@ -134,11 +143,11 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
       }
 
   // 2. The local experts on the rows received, weighted: out = w·expert(x).
-  float* out = at_least(sh.out, R * D);
+  float* out = at_least(sh.buf->out, R * D);
   if (R > 0) sh.local.forward(local_args(ea, st, sh), out);
 
   // 3. Back to the rows' ranks; y[t] = Σ_j in slot order.
-  float* back = at_least(sh.rows, N * D);
+  float* back = at_least(sh.buf->rows, N * D);
   g.all_to_all(out, times(st.recv, D), back, times(st.send, D));
   std::memset(y, 0, sizeof(float) * static_cast<size_t>(s.T * D));
   for (int64_t t = 0; t < s.T; ++t)
@@ -162,24 +171,24 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
   const int64_t R = st.R;
 
   // The rows dy[t] to the experts' ranks.
-  float* rows = at_least(sh.rows, N * W);
+  float* rows = at_least(sh.buf->rows, N * W);
   for (int64_t a = 0; a < N; ++a)
     std::memcpy(rows + st.slot[static_cast<size_t>(a)] * D, eg.dy + a / s.K * D,
                 sizeof(float) * static_cast<size_t>(D));
-  float* dy_in = at_least(sh.got, R * W);
+  float* dy_in = at_least(sh.buf->got, R * W);
   g.all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D));
 
   // The local experts' backward: the rows' input and routing-weight gradients, the experts'
   // weight gradients; packed [dx | dw] for the way back.
-  float* dx_in = at_least(sh.out, R * W);
+  float* dx_in = at_least(sh.buf->out, R * W);
   if (R > 0) {
     const ops::ExpertsArgs la = local_args(ea, st, sh);
     const int64_t per1 = s.F * s.D, per2 = s.D * s.F;
-    float* dx = at_least(sh.dx, R * D);
+    float* dx = at_least(sh.buf->dx, R * D);
     ops::ExpertsGrads lg;
     lg.dy = dy_in;
     lg.dx = dx;
-    lg.dw = at_least(sh.dw_in, R);
+    lg.dw = at_least(sh.buf->dw_in, R);
     lg.dw1 = eg.dw1 ? eg.dw1 + r * El * per1 : nullptr;
     lg.dw3 = eg.dw3 ? eg.dw3 + r * El * per1 : nullptr;
     lg.dw2 = eg.dw2 ? eg.dw2 + r * El * per2 : nullptr;
@@ -203,10 +212,12 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
 
 }  // namespace
 
-ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group) {
+ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group,
+                                      std::shared_ptr<DispatchBuffers> buffers) {
   auto sh = std::make_shared<Shared>();
   sh->local = std::move(local);
   sh->group = &group;
+  sh->buf = buffers ? std::move(buffers) : dispatch_buffers();
   const int P = group.size();
   ops::GroupedExpertsOp op;
   op.name = sh->local.name + "+ep" + std::to_string(P);

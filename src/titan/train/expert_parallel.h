@@ -36,13 +36,22 @@
 // key. Every rank of the group must call forward and backward in the same order (the model's
 // schedule is the same on every rank).
 #pragma once
+#include <memory>
+
 #include "titan/dist/communicator.h"
 #include "titan/ops/experts_op.h"
 
 namespace titan::train {
 
-// The op `local` under expert parallelism over `group` (which must outlive it); its name is
-// local's with "+ep<P>". E % P == 0 is checked by check() and on every call.
-ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group);
+// The exchange buffers of the dispatch: one set serves every layer of a model (the layers run
+// one after another), grown to the largest call.
+struct DispatchBuffers;
+std::shared_ptr<DispatchBuffers> dispatch_buffers();
+
+// The op `local` under expert parallelism over `group` (which must outlive it), for one MoE
+// layer or several; its name is local's with "+ep<P>". E % P == 0 is checked by check() and on
+// every call. buffers: shared with the other layers' ops (a set of its own when null).
+ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group,
+                                      std::shared_ptr<DispatchBuffers> buffers = nullptr);
 
 }  // namespace titan::train

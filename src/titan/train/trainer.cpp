@@ -147,8 +147,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   for (std::string line; std::getline(lines, line);) log::info(line);
   bo.allocate = bo.log_overrides = true;
   if (dims_.ep > 1)  // the dispatch around each MoE layer's experts op, over the EP group
-    bo.wrap_experts = [this](ops::GroupedExpertsOp op) {
-      return expert_parallel(std::move(op), *mesh_.ep);
+    bo.wrap_experts = [this, buffers = dispatch_buffers()](ops::GroupedExpertsOp op) {
+      return expert_parallel(std::move(op), *mesh_.ep, buffers);
     };
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
   model_ = models::build_model(cfg_, bo);
