@@ -2,6 +2,7 @@
 // states the maths and the order of the rows).
 #include "titan/train/expert_parallel.h"
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,9 +38,11 @@ struct LayerState {
 // Per call: rows in the send order, rows as received, the local op's outputs and its buffers.
 struct DispatchBuffers {
   Buffer<float> rows, got, out, dx, dw_in, scratch;
+  DispatchSeconds seconds;
 };
 
 std::shared_ptr<DispatchBuffers> dispatch_buffers() { return std::make_shared<DispatchBuffers>(); }
+DispatchSeconds dispatch_seconds(const DispatchBuffers& b) { return b.seconds; }
 
 namespace {
 
@@ -49,6 +52,14 @@ struct Shared {
   std::map<const float*, LayerState> layers;
   std::shared_ptr<DispatchBuffers> buf;
 };
+
+// Runs f, adding its wall time to acc.
+template <typename F>
+void timed(double& acc, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -118,7 +129,7 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   }
   // The counts per (destination, local expert), then the rows.
   std::vector<int64_t> got(static_cast<size_t>(s.E));
-  g.all_to_all(per_expert.data(), got.data(), El);
+  timed(sh.buf->seconds.exchange, [&] { g.all_to_all(per_expert.data(), got.data(), El); });
   st.send.assign(static_cast<size_t>(P), 0);
   st.recv.assign(static_cast<size_t>(P), 0);
   for (int64_t e = 0; e < s.E; ++e) {
@@ -128,7 +139,8 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   const int64_t R = sum(st.recv);
   st.R = R;
   float* in = at_least(sh.buf->got, R * W);
-  g.all_to_all(rows, times(st.send, W), in, times(st.recv, W));
+  timed(sh.buf->seconds.exchange,
+        [&] { g.all_to_all(rows, times(st.send, W), in, times(st.recv, W)); });
   // Received from rank q: its rows for local expert 0, then 1, ...
   float* x_in = at_least(st.x_in, R * D);
   int32_t* idx_in = at_least(st.idx_in, R);
@@ -144,11 +156,12 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
 
   // 2. The local experts on the rows received, weighted: out = w·expert(x).
   float* out = at_least(sh.buf->out, R * D);
-  if (R > 0) sh.local.forward(local_args(ea, st, sh), out);
+  if (R > 0) timed(sh.buf->seconds.experts, [&] { sh.local.forward(local_args(ea, st, sh), out); });
 
   // 3. Back to the rows' ranks; y[t] = Σ_j in slot order.
   float* back = at_least(sh.buf->rows, N * D);
-  g.all_to_all(out, times(st.recv, D), back, times(st.send, D));
+  timed(sh.buf->seconds.exchange,
+        [&] { g.all_to_all(out, times(st.recv, D), back, times(st.send, D)); });
   std::memset(y, 0, sizeof(float) * static_cast<size_t>(s.T * D));
   for (int64_t t = 0; t < s.T; ++t)
     for (int64_t j = 0; j < s.K; ++j) {
@@ -176,7 +189,8 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
     std::memcpy(rows + st.slot[static_cast<size_t>(a)] * D, eg.dy + a / s.K * D,
                 sizeof(float) * static_cast<size_t>(D));
   float* dy_in = at_least(sh.buf->got, R * W);
-  g.all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D));
+  timed(sh.buf->seconds.exchange,
+        [&] { g.all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D)); });
 
   // The local experts' backward: the rows' input and routing-weight gradients, the experts'
   // weight gradients; packed [dx | dw] for the way back.
@@ -192,7 +206,7 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
     lg.dw1 = eg.dw1 ? eg.dw1 + r * El * per1 : nullptr;
     lg.dw3 = eg.dw3 ? eg.dw3 + r * El * per1 : nullptr;
     lg.dw2 = eg.dw2 ? eg.dw2 + r * El * per2 : nullptr;
-    sh.local.backward(la, lg);
+    timed(sh.buf->seconds.experts, [&] { sh.local.backward(la, lg); });
     for (int64_t k = 0; k < R; ++k) {
       std::memcpy(dx_in + k * W, dx + k * D, sizeof(float) * static_cast<size_t>(D));
       dx_in[k * W + D] = lg.dw[k];
@@ -200,7 +214,8 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
   }
 
   // Back to the rows' ranks: dx[t] = Σ_j dx'[t,j] (j in order), dw[t,j] = dw'[t,j].
-  g.all_to_all(dx_in, times(st.recv, W), rows, times(st.send, W));
+  timed(sh.buf->seconds.exchange,
+        [&] { g.all_to_all(dx_in, times(st.recv, W), rows, times(st.send, W)); });
   std::memset(eg.dx, 0, sizeof(float) * static_cast<size_t>(s.T * D));
   for (int64_t a = 0; a < N; ++a) {
     const float* row = rows + st.slot[static_cast<size_t>(a)] * W;

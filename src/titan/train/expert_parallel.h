@@ -47,6 +47,12 @@ namespace titan::train {
 // one after another), grown to the largest call.
 struct DispatchBuffers;
 std::shared_ptr<DispatchBuffers> dispatch_buffers();
+// Seconds the ops using these buffers spent so far in the exchanges (the all-to-alls, waiting
+// for the other ranks included) and in the wrapped experts op.
+struct DispatchSeconds {
+  double exchange = 0, experts = 0;
+};
+DispatchSeconds dispatch_seconds(const DispatchBuffers& b);
 
 // The op `local` under expert parallelism over `group` (which must outlive it), for one MoE
 // layer or several; its name is local's with "+ep<P>". E % P == 0 is checked by check() and on

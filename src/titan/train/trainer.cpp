@@ -146,10 +146,12 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
   bo.allocate = bo.log_overrides = true;
-  if (dims_.ep > 1)  // the dispatch around each MoE layer's experts op, over the EP group
-    bo.wrap_experts = [this, buffers = dispatch_buffers()](ops::GroupedExpertsOp op) {
-      return expert_parallel(std::move(op), *mesh_.ep, buffers);
+  if (dims_.ep > 1) {  // the dispatch around each MoE layer's experts op, over the EP group
+    ep_buffers_ = dispatch_buffers();
+    bo.wrap_experts = [this](ops::GroupedExpertsOp op) {
+      return expert_parallel(std::move(op), *mesh_.ep, ep_buffers_);
     };
+  }
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
   model_ = models::build_model(cfg_, bo);
   const bool lora = model_->frozen_base() != nullptr;
@@ -254,6 +256,7 @@ StepResult Trainer::step() {
   StepResult r;
   const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
   const int64_t ep0 = mesh_.ep->bytes_sent();
+  const DispatchSeconds ep_t0 = ep_buffers_ ? dispatch_seconds(*ep_buffers_) : DispatchSeconds{};
   if (fsdp_)
     fsdp_->begin_step();  // the model's gradients are already zero (given back by each unit)
   else
@@ -302,6 +305,11 @@ StepResult Trainer::step() {
   reduce_and_update(r);
   step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
   ep_comm_bytes_ += mesh_.ep->bytes_sent() - ep0;
+  if (ep_buffers_) {
+    const DispatchSeconds t1 = dispatch_seconds(*ep_buffers_);
+    ep_seconds_.exchange += t1.exchange - ep_t0.exchange;
+    ep_seconds_.experts += t1.experts - ep_t0.experts;
+  }
   return r;
 }
 
@@ -588,10 +596,14 @@ void Trainer::train() {
                   sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
     log::info(buf);
     if (dims_.ep > 1) {
+      const DispatchSeconds& t = ep_seconds_;
       std::snprintf(buf, sizeof buf,
                     "Expert parallelism per step and rank: %.3f MiB sent in the token dispatch "
-                    "and combine (4 all-to-alls of the routed rows per MoE layer and microbatch)",
-                    static_cast<double>(ep_comm_bytes_) / steps / 1048576.0);
+                    "and combine (4 all-to-alls of the routed rows per MoE layer and microbatch), "
+                    "%.1f ms in them (waiting for the other ranks included), %.1f ms in the "
+                    "experts op on the rows received",
+                    static_cast<double>(ep_comm_bytes_) / steps / 1048576.0,
+                    1e3 * t.exchange / steps, 1e3 * t.experts / steps);
       log::info(buf);
     }
     if (fsdp_) {

@@ -17,6 +17,7 @@
 #include "titan/models/model.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/lr_schedule.h"
+#include "titan/train/expert_parallel.h"
 #include "titan/train/fsdp.h"
 #include "titan/train/metrics.h"
 #include "titan/train/validator.h"
@@ -68,7 +69,10 @@ class Trainer {
   dist::ParallelDims dims_;
   dist::Meshes mesh_;
   int64_t step_comm_bytes_ = 0;  // sent by the step's fsdp/replicate collectives so far
-  int64_t ep_comm_bytes_ = 0;    // sent by the steps' expert-parallel dispatch and combine
+  int64_t ep_comm_bytes_ = 0;
+  std::shared_ptr<DispatchBuffers> ep_buffers_;  // expert parallelism's (null without)
+  DispatchSeconds ep_seconds_;  // their time in the steps so far    // sent by the steps'
+                                // expert-parallel dispatch and combine
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;
