@@ -32,6 +32,42 @@ inline CliResult run_titan(const std::string& args) {
 }
 #endif
 
+// This test binary run on np ranks under mpirun with --gtest_filter=filter (tests that check
+// something across ranks: they skip themselves unless launched by mpirun). Expects a clean exit,
+// no skipped test and one "PASSED 1 test" per rank; the gtest failure names the output. Skips
+// the calling test where mpirun is absent (scripts/install-deps.sh installs OpenMPI).
+#define TITAN_EXPECT_PASSES_ON_RANKS(np, filter)                                              \
+  do {                                                                                        \
+    if (std::system("command -v mpirun > /dev/null 2>&1") != 0)                               \
+      GTEST_SKIP() << "mpirun not found (scripts/install-deps.sh installs OpenMPI)";          \
+    const std::string out_ = ::titan::testing::run_self_on_ranks(np, filter);                 \
+    EXPECT_EQ(out_.find("SKIPPED"), std::string::npos) << out_;                               \
+    int passed_ = 0;                                                                          \
+    for (size_t at = out_.find("[  PASSED  ] 1 test"); at != std::string::npos;               \
+         at = out_.find("[  PASSED  ] 1 test", at + 1))                                       \
+      ++passed_;                                                                              \
+    EXPECT_EQ(passed_, np) << out_;                                                           \
+    EXPECT_TRUE(out_.size() >= 5 && out_.compare(out_.size() - 5, 5, "rc=0\n") == 0) << out_; \
+  } while (0)
+
+// Runs this binary under mpirun; stdout+stderr, then "rc=N\n" with its exit status.
+inline std::string run_self_on_ranks(int np, const std::string& filter) {
+  std::string self(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size());
+  if (n <= 0) return "readlink /proc/self/exe failed\nrc=-1\n";
+  self.resize(static_cast<size_t>(n));
+  const std::string cmd = "timeout 300 mpirun --allow-run-as-root --oversubscribe -np " +
+                          std::to_string(np) + " -x OMP_NUM_THREADS=1 " + self +
+                          " --gtest_color=no --gtest_filter='" + filter + "' 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return "popen failed\nrc=-1\n";
+  std::string out;
+  char buf[4096];
+  while (size_t k = fread(buf, 1, sizeof buf, f)) out.append(buf, k);
+  const int status = pclose(f);
+  return out + "rc=" + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + "\n";
+}
+
 // A job on a tiny Qwen3 (2 layers, dim 32, 4/2 heads of 16, hidden 64, vocab 260 — room for the
 // byte tokenizer) without a metrics file; tests set batch, sequence, steps and seed themselves.
 inline config::JobConfig tiny_model_job() {
