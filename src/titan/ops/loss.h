@@ -36,4 +36,35 @@ LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels
                         int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
                         float* dw, float* scratch);
 
+// ---- Vocab-parallel form (torchtitan's loss parallelism under tensor parallelism): the lm_head
+// rows are split over the P ranks of a TP group, this rank holding vocabulary rows [v0, v0 + Vr)
+// of w[V, D] (w points at its first row); every rank has the same h[T, D] and labels, and no
+// rank ever holds a full row of logits. Per chunk of at most chunk_rows tokens:
+//   z[t]   = h[t] · w_rᵀ                               (this rank's logits, [n, Vr])
+//   m[t]   = max over ranks of max_j z[t, j]            (red.max)
+//   S[t]   = Σ over ranks of Σ_j exp(z[t, j] − m[t])    (red.sum, with the target logit zt[t],
+//   zt[t]  = z[t, label[t] − v0] on the rank holding it  one call of 2n values)
+//   ce[t]  = m[t] + log S[t] − zt[t]                    for label[t] != -100
+// returns Σ_t ce[t] and the count of valid labels, the same on every rank. With grad_scale != 0:
+//   g[t]   = grad_scale · (exp(z[t] − m − log S) − onehot_r(label[t]))   (0 for -100 rows)
+//   dh[t]  = g[t] · w_r   written: this rank's part; the sum over ranks is h's gradient (the
+//            caller reduces it: an all-reduce, or a reduce-scatter under sequence parallelism)
+//   dw_r  += g ᵀ · h      (dw may be null)
+// With w_bf16 (the rows' bf16 compute copy; w unused) the three GEMMs take bf16 operands as
+// lm_head_ce_bf16's do. The same loss and gradients as lm_head_ce over the whole weight up to the
+// order of the sums. Every rank of the group calls it with the same T, labels and chunk_rows.
+class RankReducer {
+ public:
+  virtual ~RankReducer() = default;
+  virtual void sum(float* x, int64_t n) = 0;  // in place, over the group's ranks
+  virtual void max(float* x, int64_t n) = 0;
+};
+// scratch floats (bf16: with the bf16 operands).
+int64_t lm_head_ce_vocab_parallel_scratch(int64_t T, int64_t Vr, int64_t D, int64_t chunk_rows,
+                                          bool bf16);
+LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t* w_bf16,
+                                  const int32_t* labels, int64_t T, int64_t D, int64_t V,
+                                  int64_t v0, int64_t Vr, int64_t chunk_rows, float grad_scale,
+                                  float* dh, float* dw, float* scratch, RankReducer& red);
+
 }  // namespace titan::ops

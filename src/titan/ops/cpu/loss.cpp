@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -111,6 +112,90 @@ LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels
                         int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
                         float* dw, float* scratch) {
   return lm_head_ce_impl(h, w, labels, T, D, V, chunk_rows, grad_scale, dh, dw, scratch);
+}
+
+int64_t lm_head_ce_vocab_parallel_scratch(int64_t T, int64_t Vr, int64_t D, int64_t chunk_rows,
+                                          bool bf16) {
+  const int64_t n = std::min(T, chunk_rows);
+  return n * Vr + 3 * n + (bf16 ? (n * Vr + n * D + 1) / 2 : 0);
+}
+
+LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t* w_bf16,
+                                  const int32_t* labels, int64_t T, int64_t D, int64_t V,
+                                  int64_t v0, int64_t Vr, int64_t chunk_rows, float grad_scale,
+                                  float* dh, float* dw, float* scratch, RankReducer& red) {
+  for (int64_t t = 0; t < T; ++t)
+    check(labels[t] == kIgnoreIndex || (labels[t] >= 0 && labels[t] < V),
+          "label " + std::to_string(labels[t]) + " at position " + std::to_string(t) +
+              " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+  const bool grad = grad_scale != 0.0f && dh != nullptr;
+  const int64_t rows = std::min(T, chunk_rows);
+  float* z = scratch;
+  float* mx = z + rows * Vr;
+  float* sum = mx + rows;  // then the target logits: one reduction for both
+  uint16_t* zb = reinterpret_cast<uint16_t*>(sum + 2 * rows);
+  uint16_t* hb = zb + rows * Vr;
+  LossSum r;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, T - t0);
+    float* zt = sum + n;
+    if (Vr > 0) {
+      if (w_bf16) {
+        to_bf16(h + t0 * D, n * D, hb);
+        gemm_bf16(false, true, n, Vr, D, hb, D, w_bf16, D, z, Vr, false);
+      } else {
+        gemm(false, true, n, Vr, D, h + t0 * D, D, w, D, z, Vr, false);
+      }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* zi = z + i * Vr;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < Vr; ++j) m = std::max(m, zi[j]);
+      mx[i] = m;
+    }
+    red.max(mx, n);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* zi = z + i * Vr;
+      float s = 0.f;
+      for (int64_t j = 0; j < Vr; ++j) s += exp_fast(zi[j] - mx[i]);
+      sum[i] = s;
+      const int32_t lab = labels[t0 + i];
+      zt[i] = lab >= v0 && lab < v0 + Vr ? zi[lab - v0] : 0.f;
+    }
+    red.sum(sum, 2 * n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (labels[t0 + i] == kIgnoreIndex) continue;
+      r.sum += static_cast<double>(mx[i] + std::log(sum[i]) - zt[i]);
+      ++r.count;
+    }
+    if (!grad) continue;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float* zi = z + i * Vr;
+      const int32_t lab = labels[t0 + i];
+      if (lab == kIgnoreIndex) {
+        std::fill_n(zi, Vr, 0.f);
+        continue;
+      }
+      const float lse = mx[i] + std::log(sum[i]);
+      for (int64_t j = 0; j < Vr; ++j) zi[j] = exp_fast(zi[j] - lse) * grad_scale;
+      if (lab >= v0 && lab < v0 + Vr) zi[lab - v0] -= grad_scale;
+    }
+    float* dht = dh + t0 * D;
+    if (Vr == 0) {
+      std::fill_n(dht, n * D, 0.f);
+    } else if (w_bf16) {
+      to_bf16(z, n * Vr, zb);
+      gemm_bf16(false, false, n, D, Vr, zb, Vr, w_bf16, D, dht, D, false);
+      if (dw) gemm_bf16(true, false, Vr, D, n, zb, Vr, hb, D, dw, D, true);
+    } else {
+      gemm(false, false, n, D, Vr, z, Vr, w, D, dht, D, false);
+      if (dw) gemm(true, false, Vr, D, n, z, Vr, h + t0 * D, D, dw, D, true);
+    }
+  }
+  return r;
 }
 
 }  // namespace titan::ops

@@ -1,0 +1,49 @@
+// Tensor parallelism as the model sees it (torchtitan's parallelize_module with the Qwen3 plan,
+// models/qwen3/sharding.py): the model is built for one slice of the layout (TpSlice) and calls
+// TpHooks at the plan's redistribution points; the trainer implements the hooks over its tp group
+// (train/tensor_parallel.h), so the model never sees a rank's communicator.
+//
+// Slices (torch's Shard placements, chunks of ceil(n / P), the last ones shorter or empty):
+//   column-wise (dim 0): wq, wk, wv (whole heads), w1, w3 (hidden units), tok_embeddings and
+//                        lm_head (vocabulary rows);
+//   row-wise (dim 1):    wo, w2;
+//   replicated:          the norms, q_norm and k_norm.
+// Sequence parallelism shards the residual stream, the norms and the adds over the tokens of the
+// microbatch (rank r: flattened token rows [r·T/P, (r+1)·T/P)).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+namespace titan::models {
+
+struct TpSlice {
+  int rank = 0, size = 1;
+  bool sequence_parallel = false;
+  bool active() const { return size > 1; }
+};
+
+// Rows [begin, begin + rows) of n split over P ranks as torch's Shard chunks them.
+struct ShardRange {
+  int64_t begin = 0, rows = 0;
+};
+inline ShardRange shard_range(int64_t n, int rank, int P) {
+  const int64_t chunk = (n + P - 1) / P;
+  const int64_t begin = std::min(n, chunk * rank);
+  return {begin, std::min(n, begin + chunk) - begin};
+}
+
+// The collectives of the tp group, in the model's words. Every rank of the group calls them in
+// the same order with the same sizes.
+class TpHooks {
+ public:
+  virtual ~TpHooks() = default;
+  // x[0:n] summed (or maxed) over the group, in place.
+  virtual void all_reduce(float* x, int64_t n) = 0;
+  virtual void all_reduce_max(float* x, int64_t n) = 0;
+  // out[P·n] ← every rank's in[n], in rank order.
+  virtual void all_gather(const float* in, float* out, int64_t n) = 0;
+  // out[n] ← Σ over ranks of their in[rank·n, (rank+1)·n) (in: P·n values).
+  virtual void reduce_scatter(const float* in, float* out, int64_t n) = 0;
+};
+
+}  // namespace titan::models
