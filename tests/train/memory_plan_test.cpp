@@ -168,12 +168,22 @@ TEST(MemoryPlan, LayoutsThatDoNotDivideTheModel) {
   EXPECT_NE(error_of([&] { plan_memory(c); }).find("has no experts"), std::string::npos);
 }
 
-TEST(MemoryPlan, TrainingRefusesTensorParallelismWithOneLine) {
+// Tensor parallelism trains (tests/dist/tensor_parallel_test.cpp); what it does not implement
+// yet is refused with one line: context parallelism, and EP borrowing tensor-parallel ranks.
+TEST(MemoryPlan, TrainingRefusesWhatIsNotImplementedWithOneLine) {
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("qwen3_debugmodel");
   c.parallelism.tensor_parallel_degree = 2;
-  const std::string e = error_of([&] { dist::ParallelDims::from_config(c, 2); });
-  EXPECT_NE(e.find("parallelism.tensor_parallel_degree 2: tensor parallelism is not implemented"),
+  EXPECT_EQ(dist::ParallelDims::from_config(c, 2).describe(), "TP 2 (SP)");
+  c.parallelism.context_parallel_degree = 2;
+  std::string e = error_of([&] { dist::ParallelDims::from_config(c, 4); });
+  EXPECT_NE(e.find("parallelism.context_parallel_degree 2: context parallelism is not implemented"),
+            std::string::npos)
+      << e;
+  c.parallelism.context_parallel_degree = 1;
+  c.parallelism.expert_parallel_degree = 2;
+  e = error_of([&] { dist::ParallelDims::from_config(c, 2); });
+  EXPECT_NE(e.find("expert parallelism borrowing tensor-parallel ranks is not implemented yet"),
             std::string::npos)
       << e;
 }

@@ -19,6 +19,10 @@ inline double uniform_open(uint64_t bits) {
 
 // Fills out[0..n) with Normal(mean, std) for stream `stream` under `seed` (Box-Muller, in double).
 void fill_normal(float* out, int64_t n, float mean, float std, uint64_t seed, uint64_t stream);
+// Elements [first, first + n) of the same stream (a slice of a tensor filled whole by
+// fill_normal: a tensor-parallel rank's rows or columns get the values the whole tensor has).
+void fill_normal_range(float* out, int64_t first, int64_t n, float mean, float std, uint64_t seed,
+                       uint64_t stream);
 
 // Uniform 64-bit value number i of (seed, stream).
 inline uint64_t random_u64(uint64_t seed, uint64_t stream, uint64_t i) {

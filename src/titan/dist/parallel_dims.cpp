@@ -63,14 +63,18 @@ ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t wor
     const char* name;
     int64_t v;
     const char* what;
-  } later[] = {{"tensor_parallel_degree", d.tp, "tensor parallelism"},
-               {"context_parallel_degree", d.cp, "context parallelism"},
+  } later[] = {{"context_parallel_degree", d.cp, "context parallelism"},
                {"pipeline_parallel_degree", d.pp, "pipeline parallelism"}};
   for (const auto& g : later)
     check(g.v == 1, std::string("parallelism.") + g.name + " " + std::to_string(g.v) + ": " +
                         g.what +
                         " is not implemented yet for training; use data parallelism "
                         "(data_parallel_shard_degree / data_parallel_replicate_degree)");
+  check(d.tp == 1 || d.ep == 1,
+        "parallelism.expert_parallel_degree " + std::to_string(d.ep) +
+            " with tensor_parallel_degree " + std::to_string(d.tp) +
+            ": expert parallelism borrowing tensor-parallel ranks is not implemented yet; use "
+            "one of the two");
   return d;
 }
 
@@ -92,17 +96,20 @@ std::string ParallelDims::describe() const {
 
 Meshes make_meshes(const ParallelDims& d, Communicator& world) {
   Meshes m;
-  const int r = world.rank();
-  const int rep = static_cast<int>(r / d.dp_shard), shard = static_cast<int>(r % d.dp_shard);
-  m.batch = world.split(0, r);
-  m.fsdp = world.split(rep, shard);
-  m.replicate = world.split(shard, rep);
+  // torchtitan's mesh order [dp_replicate, dp_shard, tp]: tp innermost (consecutive ranks).
+  const int tp = static_cast<int>(d.tp), r = world.rank(), t = r % tp, q = r / tp;
+  const int rep = static_cast<int>(q / d.dp_shard), shard = static_cast<int>(q % d.dp_shard);
+  m.batch = world.split(t, q);
+  m.fsdp = world.split(rep * tp + t, shard);
+  m.replicate = world.split(shard * tp + t, rep);
+  m.tp = world.split(q, t);
   // EP borrows consecutive ranks of the shard group (torchtitan's dp_shard_in_ep).
   const int ep = static_cast<int>(d.ep);
-  m.ep = world.split(rep * static_cast<int>(d.dp_shard) / ep + shard / ep, shard % ep);
-  m.batch_rank = r;
+  m.ep = world.split((rep * static_cast<int>(d.dp_shard) / ep + shard / ep) * tp + t, shard % ep);
+  m.batch_rank = q;
   m.fsdp_rank = shard;
   m.replicate_rank = rep;
+  m.tp_rank = t;
   return m;
 }
 

@@ -1,14 +1,17 @@
 // torchtitan's ParallelDims: the parallel layout from parallelism.* and the number of ranks, and
-// the groups (meshes) derived from it. Ranks form the grid [dp_replicate, dp_shard] (row-major,
+// the groups (meshes) derived from it. Ranks form the grid [dp_replicate, dp_shard, tp] (row-major,
 // torchtitan's mesh order); implemented here: data parallelism in its three forms
 //   DDP   dp_replicate = N, dp_shard = 1     gradients all-reduced, every rank a full replica
 //   FSDP  dp_shard = N                        gradients reduce-scattered, AdamW state sharded
 //   HSDP  dp_replicate × dp_shard             sharded within a replica group, all-reduced across
 //   EP    ep ranks of the shard group        MoE experts split over them, tokens dispatched
 //                                            (train/expert_parallel.h); FSDP as before
-// Tensor, context and pipeline parallelism are validated as torchtitan does; titan plan gives
-// the per-rank memory of TP layouts; training refuses them with one line while they are not
-// implemented.
+//   TP    tp consecutive ranks                dense Qwen3's projections split over them (with
+//                                            sequence and loss parallelism), the same data read
+//                                            by all (train/tensor_parallel.h); FSDP/HSDP/DDP
+//                                            over the ranks of the same tp rank
+// Context and pipeline parallelism are validated as torchtitan does; training refuses them with
+// one line while they are not implemented.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -49,8 +52,10 @@ struct ParallelDims {
 struct Meshes {
   // ep: the expert-parallel group (ep consecutive ranks of the shard group; a group of one
   // without EP).
-  std::unique_ptr<Communicator> batch, fsdp, replicate, ep;
-  int64_t batch_rank = 0, fsdp_rank = 0, replicate_rank = 0;
+  // tp: the tensor-parallel group (tp consecutive ranks, reading the same data; a group of one
+  // without TP). batch, fsdp and replicate join the ranks of the same tp_rank.
+  std::unique_ptr<Communicator> batch, fsdp, replicate, ep, tp;
+  int64_t batch_rank = 0, fsdp_rank = 0, replicate_rank = 0, tp_rank = 0;
 };
 Meshes make_meshes(const ParallelDims& d, Communicator& world);
 

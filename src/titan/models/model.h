@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "titan/core/dtype.h"
 #include "titan/core/tensor_source.h"
+#include "titan/models/tensor_parallel.h"
 #include "titan/ops/loss.h"
 
 namespace titan::models {
@@ -23,11 +24,14 @@ struct ParamInfo {
   std::string fqn;
   std::vector<int64_t> shape;  // global shape
   int64_t offset = 0;          // into the flat parameter buffer
-  int64_t numel = 0;           // elements held here
+  int64_t numel = 0;           // elements held here (the slice's, under tensor parallelism)
   int64_t group = 0;           // 0 embeddings, 1..L layers, L+1 head
   bool alias = false;          // lm_head.weight when tied: same storage as tok_embeddings.weight
-  // The local slice: rows [local_begin, local_begin + local_rows) of dim 0 (all rows unsharded).
-  int64_t local_begin = 0, local_rows = 0;
+  // The slice held here (a model built for a tensor-parallel slice, models/tensor_parallel.h):
+  // indices [local_begin, local_begin + local_len) of dimension split_dim, all of the others;
+  // split_dim -1: the whole tensor.
+  int split_dim = -1;
+  int64_t local_begin = 0, local_len = 0;
   // The module's tensor/expert-parallel placement (torchtitan's sharding plan, as data; the
   // model runs unsharded): replicated; column-wise (dim 0 split over the tp ranks: wq, wk, wv,
   // w1, w3, the vocab of the embedding and lm_head); row-wise (dim 1: wo, w2); experts (dim 0,
@@ -184,6 +188,10 @@ class Model {
   std::vector<ParamUnit> param_units() const;
   virtual float* unit_param_data(int64_t /*u*/) { return param_data(); }
   void set_param_hooks(ParamHooks* h) { hooks_ = h; }
+  // Tensor parallelism: the model's slice (set at construction) and the collectives of its tp
+  // group (models/tensor_parallel.h); a model built whole ignores them.
+  virtual TpSlice tp_slice() const { return {}; }
+  virtual void set_tp_hooks(TpHooks* /*h*/) {}
   // Hooks on the linear layers (none by default); a model that has none ignores them.
   virtual void set_linear_hooks(LinearHooks* /*h*/) {}
   // Whether the model has gradients of its own parameters (false: a frozen base model built

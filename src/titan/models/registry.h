@@ -35,6 +35,9 @@ struct BuildOptions {
   // layer): how a trainer puts expert parallelism's dispatch around the kernel
   // (train/expert_parallel.h) without the model knowing of ranks. Empty: the op as chosen.
   std::function<ops::GroupedExpertsOp(ops::GroupedExpertsOp)> wrap_experts;
+  // Tensor parallelism: the slice of the layout to build (models/tensor_parallel.h); whole by
+  // default.
+  TpSlice tp;
 };
 
 struct ModelSpec {

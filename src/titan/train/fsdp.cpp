@@ -103,6 +103,19 @@ void Fsdp::take_unit(Unit& u) {
   zero_and_release(model_.grad_data() + u.begin, u.len);
 }
 
+void Fsdp::gather_whole(const float* shard, float* whole) {
+  for (const auto& u : units_) {
+    const auto me = static_cast<size_t>(group_.rank());
+    std::copy_n(shard + u.at, u.counts[me], whole + u.own);
+    group_.all_gather(whole + u.begin, u.counts);
+  }
+}
+
+void Fsdp::take_whole(const float* whole, float* shard) const {
+  for (const auto& u : units_)
+    std::copy_n(whole + u.own, u.counts[static_cast<size_t>(group_.rank())], shard + u.at);
+}
+
 void Fsdp::take_params_from_model() {
   for (auto& u : units_) take_unit(u);
 }

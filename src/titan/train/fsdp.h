@@ -76,6 +76,12 @@ class Fsdp final : public models::ParamHooks {
   // one on its way): what a parallel export reads, one unit's memory at a time.
   void for_each_unit_whole(const std::function<void(int64_t unit)>& fn);
 
+  // A buffer laid out as this rank's shard buffers (AdamW moments) and the whole flat layout:
+  // whole[num_params] ← every rank's blocks (collective over the group); shard ← this rank's
+  // blocks of whole.
+  void gather_whole(const float* shard, float* whole);
+  void take_whole(const float* whole, float* shard) const;
+
   // Since construction: seconds this object's collectives took from start to completion
   // (comm_seconds), and the part of them the model waited for, not hidden behind compute
   // (exposed_seconds); the bytes one step of `microbatches` microbatches moves per rank in

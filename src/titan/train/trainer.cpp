@@ -153,7 +153,17 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     };
   }
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
+  if (dims_.tp > 1) {          // this rank's slice of the tensor-parallel layout
+    check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
+          "LoRA with tensor parallelism (parallelism.tensor_parallel_degree > 1) is not "
+          "implemented; train the adapters with data parallelism instead");
+    bo.tp = {static_cast<int>(mesh_.tp_rank), static_cast<int>(dims_.tp), dims_.sp};
+  }
   model_ = models::build_model(cfg_, bo);
+  if (dims_.tp > 1) {
+    tp_ = std::make_unique<TensorParallel>(*mesh_.tp);
+    model_->set_tp_hooks(tp_.get());
+  }
   const bool lora = model_->frozen_base() != nullptr;
   check(!lora || !dims_.sharded(),
         "LoRA with FSDP (parallelism.data_parallel_shard_degree > 1) is not implemented; train "
@@ -191,18 +201,41 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // FSDP: a resumed checkpoint is read unit by unit, each unit's block kept as it arrives.
   ckpt::UnitDone take_unit;
   if (fsdp_) take_unit = [this](int64_t u) { fsdp_->take_unit(u); };
-  loaded = checkpointer_->load(
-      *model_, m_.data(), v_.data(),
-      fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{}, take_unit);
+  const auto& k = cfg_.checkpoint;
+  const bool initial = !k.initial_load_path.empty() || k.initial_load_in_hf;
+  if (tp_)  // checkpoints hold whole tensors: read whole, then sliced
+    loaded = load_tensor_parallel();
+  else
+    loaded = checkpointer_->load(
+        *model_, m_.data(), v_.data(),
+        fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{},
+        take_unit);
   if (rank0()) dist::world().barrier();
   if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
-                // slices), then sharded
-    const auto& k = cfg_.checkpoint;
-    if (!loaded && (!k.initial_load_path.empty() || k.initial_load_in_hf))
+                // slices), then sharded; under TP both arrive whole in the model's slice
+    if ((!loaded && initial) || (tp_ && loaded))
       fsdp_->take_params_from_model();
     else if (!loaded)
       fsdp_->init_unit_by_unit(bo.seed);
     model_->set_param_hooks(fsdp_.get());
+  }
+  if (tp_) {  // the replicated parameters' ranges in the optimizer's buffer, for the norm
+    std::vector<models::FlatRange> mine;
+    int64_t at = 0;
+    const ckpt::Segments all{{0, n}};
+    for (const auto& seg : fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : all) {
+      for (const auto& p : model_->params()) {
+        if (p.alias || p.split_dim >= 0) continue;
+        const int64_t lo = std::max(p.offset, seg.begin),
+                      hi = std::min(p.offset + p.numel, seg.begin + seg.len);
+        if (lo < hi) mine.push_back({at + lo - seg.begin, hi - lo});
+      }
+      at += seg.len;
+    }
+    std::sort(mine.begin(), mine.end(), [](const models::FlatRange& a, const models::FlatRange& b) {
+      return a.begin < b.begin;
+    });
+    replicated_ = std::move(mine);
   }
   if (dims_.batch() > 1)
     log::info("Data parallelism: " + dims_.describe() + " over " +
@@ -212,6 +245,25 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
               (fsdp_ ? ", parameters gathered unit by unit (reshard_after_forward " +
                            cfg_.parallelism.fsdp_reshard_after_forward + ")"
                      : std::string()));
+  if (tp_) {
+    const models::ShardRange v =
+        models::shard_range(model_->vocab_size(), mesh_.tp_rank, static_cast<int>(dims_.tp));
+    log::info("Tensor parallelism: TP " + std::to_string(dims_.tp) + " over ranks " +
+              std::to_string(dist::world().rank() - mesh_.tp_rank) + ".." +
+              std::to_string(dist::world().rank() - mesh_.tp_rank + dims_.tp - 1) +
+              (dims_.sp ? ", sequence parallel (the residual stream on 1/" +
+                              std::to_string(dims_.tp) + " of the tokens)"
+                        : ", sequence parallelism off") +
+              ", loss parallel (vocabulary rows [" + std::to_string(v.begin) + ", " +
+              std::to_string(v.begin + v.rows) + ") here" +
+              (cfg_.parallelism.disable_loss_parallel
+                   ? "; disable_loss_parallel is set, but titan computes the same loss without "
+                     "gathering the logits"
+                   : "") +
+              "); this rank holds " + with_commas(n) +
+              " parameters (its slices and the "
+              "replicated norms)");
+  }
   if (dims_.ep > 1) {
     int64_t E = 0;
     for (const auto& q : model_->params())
@@ -250,12 +302,76 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   sched_.min_lr_factor = cfg_.lr_scheduler.min_lr_factor;
 }
 
+models::Model& Trainer::whole_model() {
+  if (!whole_) {  // weights only: one token of activations, no gradients
+    models::BuildOptions o;
+    o.batch = o.seq_len = o.loss_chunks = 1;
+    o.init = false;
+    o.bytes_per_param = 0;
+    o.log_overrides = false;
+    o.trainable = false;
+    whole_ = models::build_model(cfg_, o);
+  }
+  return *whole_;
+}
+
+std::optional<ckpt::TrainState> Trainer::load_tensor_parallel() {
+  models::Model& w = whole_model();
+  const int64_t N = w.num_params(), n = model_->num_params();
+  std::vector<float> wm(static_cast<size_t>(N)), wv(wm.size());
+  std::optional<ckpt::TrainState> st = checkpointer_->load(w, wm.data(), wv.data());
+  const auto& k = cfg_.checkpoint;
+  if (st || !k.initial_load_path.empty() || k.initial_load_in_hf) {
+    const models::Model& whole = w;
+    TensorParallel::slice(*model_, model_->param_data(), whole, whole.param_data());
+    if (st) {
+      std::vector<float> lm(static_cast<size_t>(n)), lv(lm.size());
+      TensorParallel::slice(*model_, lm.data(), whole, wm.data());
+      TensorParallel::slice(*model_, lv.data(), whole, wv.data());
+      if (fsdp_) {
+        fsdp_->take_whole(lm.data(), m_.data());
+        fsdp_->take_whole(lv.data(), v_.data());
+      } else {
+        std::copy(lm.begin(), lm.end(), m_.data());
+        std::copy(lv.begin(), lv.end(), v_.data());
+      }
+    }
+  }
+  whole_.reset();
+  return st;
+}
+
+void Trainer::save_tensor_parallel(const ckpt::TrainState& st, bool last) {
+  models::Model& w = whole_model();
+  const models::Model& local = *model_;
+  const int64_t N = w.num_params(), n = local.num_params();
+  std::vector<float> lm, lv, wm(static_cast<size_t>(N)), wv(wm.size());
+  const float* m = m_.data();
+  const float* v = v_.data();
+  if (fsdp_) {  // this rank's slice whole: weights in the model, moments gathered alike
+    fsdp_->gather_all();
+    lm.resize(static_cast<size_t>(n));
+    lv.resize(lm.size());
+    fsdp_->gather_whole(m_.data(), lm.data());
+    fsdp_->gather_whole(v_.data(), lv.data());
+    m = lm.data();
+    v = lv.data();
+  }
+  TensorParallel::gather(*mesh_.tp, local, local.param_data(), w, w.param_data());
+  TensorParallel::gather(*mesh_.tp, local, m, w, wm.data());
+  TensorParallel::gather(*mesh_.tp, local, v, w, wv.data());
+  if (fsdp_) fsdp_->reshard_all();
+  if (rank0()) checkpointer_->maybe_save(st, last, w, wm.data(), wv.data());
+  whole_.reset();
+}
+
 StepResult Trainer::step() {
   const auto& t = cfg_.training;
   const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   StepResult r;
   const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
-  const int64_t ep0 = mesh_.ep->bytes_sent();
+  const int64_t ep0 = mesh_.ep->bytes_sent(), tp0 = mesh_.tp->bytes_sent();
+  const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
   const DispatchSeconds ep_t0 = ep_buffers_ ? dispatch_seconds(*ep_buffers_) : DispatchSeconds{};
   if (fsdp_)
     fsdp_->begin_step();  // the model's gradients are already zero (given back by each unit)
@@ -305,6 +421,8 @@ StepResult Trainer::step() {
   reduce_and_update(r);
   step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
   ep_comm_bytes_ += mesh_.ep->bytes_sent() - ep0;
+  tp_comm_bytes_ += mesh_.tp->bytes_sent() - tp0;
+  if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
   if (ep_buffers_) {
     const DispatchSeconds t1 = dispatch_seconds(*ep_buffers_);
     ep_seconds_.exchange += t1.exchange - ep_t0.exchange;
@@ -320,9 +438,19 @@ void Trainer::reduce_and_update(StepResult& r) {
   const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
   float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->grad_data();
   mesh_.replicate->all_reduce(shard_grad, len);
-  double sq = optim::sum_squares(shard_grad, len);
-  mesh_.fsdp->all_reduce(&sq, 1);
-  r.grad_norm = std::sqrt(sq);
+  // Σ g² of this rank's elements: under TP [slices, replicated]; the slices' sums add over the
+  // tp ranks, the replicated parameters (the same on every tp rank) count once.
+  double sq[2] = {0, 0};
+  int64_t at = 0;
+  for (const auto& rep : replicated_) {
+    sq[0] += optim::sum_squares(shard_grad + at, rep.begin - at);
+    sq[1] += optim::sum_squares(shard_grad + rep.begin, rep.len);
+    at = rep.begin + rep.len;
+  }
+  sq[0] += optim::sum_squares(shard_grad + at, len - at);
+  mesh_.fsdp->all_reduce(sq, 2);
+  if (tp_) mesh_.tp->all_reduce(sq, 1);
+  r.grad_norm = std::sqrt(sq[0] + sq[1]);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     char msg[256];
     std::snprintf(msg, sizeof msg,
@@ -429,13 +557,19 @@ void Trainer::maybe_checkpoint() {
   st.tokens_seen = tokens_seen_;
   st.dataloader = loader_->state();
   st.data = data_settings();
+  // Data parallel: every rank's data position goes into the train state.
+  if (dims_.batch() > 1)
+    st.dataloader = {{"dp_world", dims_.batch()},
+                     {"dp_ranks", gather_json(*mesh_.batch, st.dataloader)}};
+  if (tp_) {  // the whole model (every slice gathered) in the one-process layout, by rank 0
+    save_tensor_parallel(st, last);
+    dist::world().barrier();
+    return;
+  }
   if (dims_.batch() == 1) {
     checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
     return;
   }
-  // Data parallel: every rank's data position goes into the train state.
-  st.dataloader = {{"dp_world", dims_.batch()},
-                   {"dp_ranks", gather_json(*mesh_.batch, st.dataloader)}};
   if (dims_.sharded() && !(last && cfg_.checkpoint.last_save_model_only)) {
     // Sharded: the ranks of replica 0 write their shards in parallel into rank 0's temporary
     // folder; rank 0 commits it once all have finished (checkpointer.h).
@@ -509,8 +643,11 @@ void Trainer::train() {
   std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);
   log::info(buf);
   int64_t total = model_->frozen_base_weights();  // LoRA: the frozen base, then the adapters
-  for (const auto& p : model_->params())
-    if (!p.alias) total += p.numel;
+  for (const auto& p : model_->params()) {
+    int64_t whole = 1;  // a tensor-parallel slice: the whole tensor's
+    for (int64_t x : p.shape) whole *= x;
+    if (!p.alias) total += whole;
+  }
   log::info("Model " + cfg_.model.name + " " + cfg_.model.flavor + " size: " + with_commas(total) +
             " total parameters");
   const int64_t per_rank = t.local_batch_size * t.seq_len;
@@ -548,7 +685,8 @@ void Trainer::train() {
       mesh_.batch->all_reduce(&peak_rss, 1, dist::ReduceOp::max);  // the largest rank's
       m.memory_gib = peak_rss / (1024.0 * 1024.0 * 1024.0);
       m.memory_pct = 100.0 * peak_rss / static_cast<double>(cpu::total_memory_bytes());
-      m.tps = static_cast<double>(tokens_since_log) / dt;
+      // torchtitan divides by the non-data-parallel degree: the tp ranks share their tokens' work
+      m.tps = static_cast<double>(tokens_since_log) / dt / static_cast<double>(dims_.tp);
       m.tflops = flops_per_token * m.tps / 1e12;
       m.mfu = 100.0 * flops_per_token * m.tps / peak;
       m.step_time = dt / static_cast<double>(steps_since_log);
@@ -576,6 +714,29 @@ void Trainer::train() {
       writer.log_validation(vm);
       last_log += v.seconds;  // the training tps leaves validation time out
     }
+  }
+  if (tp_ && step_ > first_step_) {
+    // The activations' collectives of the tp group against tensor_parallel.h's volume.
+    int64_t layers = 0, D = 0, d = 0;
+    for (const auto& p : model_->params()) {
+      if (p.fqn == "norm.weight") D = p.shape[0];
+      if (p.fqn == "layers.0.attention.q_norm.weight") d = p.shape[0];
+      const std::string tail = ".attention_norm.weight";
+      layers += p.fqn.size() > tail.size() &&
+                p.fqn.compare(p.fqn.size() - tail.size(), tail.size(), tail) == 0;
+    }
+    const double steps = static_cast<double>(step_ - first_step_);
+    const double theory = TensorParallel::theory_bytes(cfg_, dims_.tp, layers, D, d,
+                                                       t.local_batch_size * t.seq_len, grad_accum_);
+    const double sent = static_cast<double>(tp_comm_bytes_) / steps;
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "Tensor parallelism per step and rank: %.3f MiB sent, %.3f MiB in theory for TP "
+                  "%lld%s (tp ratio %.4f), %.1f ms in the collectives (waiting for the other ranks "
+                  "included)",
+                  sent / 1048576.0, theory / 1048576.0, static_cast<long long>(dims_.tp),
+                  dims_.sp ? " with SP" : "", sent / theory, 1e3 * tp_seconds_ / steps);
+    log::info(buf);
   }
   if (dims_.batch() > 1 && step_ > first_step_) {
     // Bytes this rank sent in the step's parameter gathers and gradient reductions, per step,

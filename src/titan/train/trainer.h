@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "titan/train/expert_parallel.h"
 #include "titan/train/fsdp.h"
 #include "titan/train/metrics.h"
+#include "titan/train/tensor_parallel.h"
 #include "titan/train/validator.h"
 
 namespace titan::train {
@@ -71,8 +73,21 @@ class Trainer {
   int64_t step_comm_bytes_ = 0;  // sent by the step's fsdp/replicate collectives so far
   int64_t ep_comm_bytes_ = 0;
   std::shared_ptr<DispatchBuffers> ep_buffers_;  // expert parallelism's (null without)
-  DispatchSeconds ep_seconds_;  // their time in the steps so far    // sent by the steps'
-                                // expert-parallel dispatch and combine
+  DispatchSeconds ep_seconds_;                   // their time in the steps so far
+  // Tensor parallelism (tp > 1): the tp group's hooks; the whole model checkpoints and initial
+  // weights go through (weights only, built when needed and dropped after); the steps' bytes and
+  // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
+  // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
+  std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<models::Model> whole_;
+  int64_t tp_comm_bytes_ = 0;
+  double tp_seconds_ = 0;
+  std::vector<models::FlatRange> replicated_;
+  models::Model& whole_model();
+  // The checkpoint (or initial weights) into the whole model, then this rank's slices of the
+  // weights and moments; and the save: every slice gathered, rank 0 writes the whole model.
+  std::optional<ckpt::TrainState> load_tensor_parallel();
+  void save_tensor_parallel(const ckpt::TrainState& st, bool last);
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;

@@ -54,15 +54,22 @@ models::TensorSize::Tp tp_split(std::string name) {
 }  // namespace
 
 void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group,
-                           int64_t* off) {
+                           int64_t* off, int split) {
   ParamInfo p;
   p.fqn = fqn;
   p.shape = std::move(shape);
+  if (tp_.active() && split >= 0) {
+    const models::ShardRange r =
+        models::shard_range(p.shape[static_cast<size_t>(split)], tp_.rank, tp_.size);
+    p.split_dim = split;
+    p.local_begin = r.begin;
+    p.local_len = r.rows;
+  }
   p.numel = 1;
-  for (int64_t s : p.shape) p.numel *= s;
+  for (size_t i = 0; i < p.shape.size(); ++i)
+    p.numel *= static_cast<int>(i) == p.split_dim ? p.local_len : p.shape[i];
   p.offset = *off;
   p.group = group;
-  p.local_rows = p.shape.empty() ? 1 : p.shape[0];
   p.tp = tp_placement(fqn);
   *off += p.numel;
   params_.push_back(std::move(p));
@@ -71,8 +78,9 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
                        std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
-                       models::AcPolicy ac, DType compute, bool trainable)
+                       models::AcPolicy ac, DType compute, bool trainable, models::TpSlice tp)
     : a_(args),
+      tp_(tp),
       be_(ops::backend("cpu", dtype_op_name(compute))),
       bf16_(compute == DType::BF16),
       trainable_(trainable),
@@ -91,10 +99,25 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   loss_chunk_rows_ = std::max<int64_t>(1, (max_tokens_ + loss_chunks - 1) / loss_chunks);
   const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
   const int64_t L = a_.n_layers, E = a_.num_experts, Fm = a_.moe_hidden_dim;
+  if (tp_.active()) {  // the spec checked these with torchtitan's words; a direct caller too
+    check(a_.n_heads % tp_.size == 0 && a_.n_kv_heads % tp_.size == 0 && F % tp_.size == 0,
+          "tensor parallelism needs n_heads, n_kv_heads and hidden_dim divisible by the degree");
+    check(!a_.is_moe(),
+          "parallelism.tensor_parallel_degree " + std::to_string(tp_.size) +
+              ": the model has MoE layers, whose tensor parallelism is not implemented yet; "
+              "train it with data and expert parallelism (parallelism.expert_parallel_degree)");
+    check(!tp_.sequence_parallel || max_tokens_ % tp_.size == 0,
+          "sequence parallelism needs the tokens per microbatch divisible by the degree");
+  }
+  const int64_t P = tp_.size;
+  hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
+  qkv_ = q_ + 2 * kv_, f_ = F / P;
+  const models::ShardRange vs = models::shard_range(V, tp_.rank, tp_.size);
+  v0_ = vs.begin, vl_ = vs.rows;
 
-  // ---- parameter layout
+  // ---- parameter layout (the slices of a tensor-parallel rank: split 0 column-wise, 1 row-wise)
   int64_t off = 0;
-  add_param("tok_embeddings.weight", {V, D}, 0, &off);
+  add_param("tok_embeddings.weight", {V, D}, 0, &off, 0);
   tok_emb_ = 0;
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -102,15 +125,15 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     ly.attention_norm = off;
     add_param(p + "attention_norm.weight", {D}, l + 1, &off);
     ly.wqkv = off;
-    add_param(p + "attention.wq.weight", {a_.q_dim(), D}, l + 1, &off);
-    add_param(p + "attention.wk.weight", {a_.kv_dim(), D}, l + 1, &off);
-    add_param(p + "attention.wv.weight", {a_.kv_dim(), D}, l + 1, &off);
+    add_param(p + "attention.wq.weight", {a_.q_dim(), D}, l + 1, &off, 0);
+    add_param(p + "attention.wk.weight", {a_.kv_dim(), D}, l + 1, &off, 0);
+    add_param(p + "attention.wv.weight", {a_.kv_dim(), D}, l + 1, &off, 0);
     ly.q_norm = off;
     add_param(p + "attention.q_norm.weight", {d}, l + 1, &off);
     ly.k_norm = off;
     add_param(p + "attention.k_norm.weight", {d}, l + 1, &off);
     ly.wo = off;
-    add_param(p + "attention.wo.weight", {D, a_.q_dim()}, l + 1, &off);
+    add_param(p + "attention.wo.weight", {D, a_.q_dim()}, l + 1, &off, 1);
     ly.ffn_norm = off;
     add_param(p + "ffn_norm.weight", {D}, l + 1, &off);
     if (a_.moe_layer(l)) {
@@ -126,25 +149,28 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       add_param(p + "moe.experts.w2", {E, D, Fm}, l + 1, &off);
     } else {
       ly.w13 = off;
-      add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off);
-      add_param(p + "feed_forward.w3.weight", {F, D}, l + 1, &off);
+      add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off, 0);
+      add_param(p + "feed_forward.w3.weight", {F, D}, l + 1, &off, 0);
       ly.w2 = off;
-      add_param(p + "feed_forward.w2.weight", {D, F}, l + 1, &off);
+      add_param(p + "feed_forward.w2.weight", {D, F}, l + 1, &off, 1);
     }
     layers_.push_back(ly);
   }
   norm_ = off;
   add_param("norm.weight", {D}, L + 1, &off);
   if (a_.tie_embeddings) {
-    ParamInfo p{"lm_head.weight", {V, D}, tok_emb_, V * D, 0, true, 0, V, ParamInfo::Tp::colwise};
+    ParamInfo p = params_[0];  // the embedding's storage (and slice)
+    p.fqn = "lm_head.weight";
+    p.alias = true;
+    p.group = 0;
     params_.push_back(p);
     lm_head_ = tok_emb_;
   } else {
     lm_head_ = off;
-    add_param("lm_head.weight", {V, D}, L + 1, &off);
+    add_param("lm_head.weight", {V, D}, L + 1, &off, 0);
   }
   num_params_ = off;
-  wb_base_ = bf16_ && !a_.tie_embeddings ? V * D : 0;  // an untied embedding is only looked up
+  wb_base_ = bf16_ && !a_.tie_embeddings ? vl_ * D : 0;  // an untied embedding is only looked up
   units_ = param_units();
   stale_.assign(units_.size(), 1);
 
@@ -208,14 +234,16 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     }
   }
   seg_.resize(max_tokens_);
+  if (tp_.active()) tp_gnorm_.assign(static_cast<size_t>(2 * D + 2 * d), 0.0f);
 }
 
 void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
-  const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
-  const int64_t L = a_.n_layers, T = max_tokens_;
+  // Under tensor parallelism: this slice's widths; the residual stream (x, h, their norms'
+  // statistics, h_final) on Tl tokens with sequence parallelism.
+  const int64_t D = a_.dim, V = vl_, d = a_.head_dim, F = f_;
+  const int64_t L = a_.n_layers, T = max_tokens_, Tl = local_tokens(max_tokens_);
   const int64_t E = a_.num_experts, K = a_.top_k, Fm = a_.moe_hidden_dim;
-  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, QKV = a_.qkv_dim(), Q = a_.q_dim(),
-                KV = a_.kv_dim();
+  const int64_t Hq = hq_, Hkv = hkv_, QKV = qkv_, Q = q_, KV = kv_;
   const ops::ExpertsShape es{T, D, Fm, E, K};
   sizes_.clear();
   auto add = [&](const std::string& name, int64_t layer, bool saved, std::vector<int64_t> shape,
@@ -237,7 +265,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
   for (int64_t l = 0; l < L; ++l) {
     Saved& s = saved_[static_cast<size_t>(l)];
     const bool moe = a_.moe_layer(l), full = ac_.full_block(l);
-    add("x", l, true, {T, D}, &s.x);  // the layer's input (residual stream)
+    add("x", l, true, {Tl, D}, &s.x);  // the layer's input (residual stream)
     if (full || op) (moe ? shared_moe : shared_dense) = true;
     if (full) {
       if (moe) shared_experts = std::max(shared_experts, experts_ops_[l].saved_floats(es));
@@ -245,7 +273,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     }
     if (!op) {
       add("attention_norm.out", l, true, {T, D}, &s.xn1);
-      add("attention_norm.rstd", l, true, {T}, &s.rstd1);
+      add("attention_norm.rstd", l, true, {Tl}, &s.rstd1);
     }
     add("attention.qkv", l, true, {T, QKV}, &s.qkv);  // wq|wk|wv outputs
     if (!op) {
@@ -256,10 +284,10 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     }
     add("attention.out", l, true, {T, Q}, &s.o);
     add("attention.lse", l, true, {T, Hq}, &s.lse);
-    add("h", l, true, {T, D}, &s.hmid);  // x + attention
+    add("h", l, true, {Tl, D}, &s.hmid);  // x + attention
     if (!op) {
       add("ffn_norm.out", l, true, {T, D}, &s.xn2);
-      add("ffn_norm.rstd", l, true, {T}, &s.rstd2);
+      add("ffn_norm.rstd", l, true, {Tl}, &s.rstd2);
     }
     if (moe) {
       add("moe.router.probs", l, true, {T, E}, &s.probs);
@@ -275,7 +303,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     Saved& r = recompute_;
     const bool full = ac_.mode == Mode::full;
     add("recompute.attention_norm.out", -1, false, {T, D}, &r.xn1);
-    add("recompute.attention_norm.rstd", -1, false, {T}, &r.rstd1);
+    add("recompute.attention_norm.rstd", -1, false, {Tl}, &r.rstd1);
     if (full) add("recompute.attention.qkv", -1, false, {T, QKV}, &r.qkv);
     add("recompute.attention.q", -1, false, {T, Q}, &r.qr);
     add("recompute.attention.k", -1, false, {T, KV}, &r.kr);
@@ -284,10 +312,10 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     if (full) {
       add("recompute.attention.out", -1, false, {T, Q}, &r.o);
       add("recompute.attention.lse", -1, false, {T, Hq}, &r.lse);
-      add("recompute.h", -1, false, {T, D}, &r.hmid);
+      add("recompute.h", -1, false, {Tl, D}, &r.hmid);
     }
     add("recompute.ffn_norm.out", -1, false, {T, D}, &r.xn2);
-    add("recompute.ffn_norm.rstd", -1, false, {T}, &r.rstd2);
+    add("recompute.ffn_norm.rstd", -1, false, {Tl}, &r.rstd2);
     if (full && shared_moe) {
       add("recompute.moe.router.probs", -1, false, {T, E}, &r.probs);
       add("recompute.moe.router.weights", -1, false, {T, K}, &r.rw);
@@ -297,9 +325,9 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     if (full && shared_dense) add("recompute.feed_forward.w13", -1, false, {T, 2 * F}, &r.ab);
     if (shared_dense) add("recompute.feed_forward.hidden", -1, false, {T, F}, &r.g);
   }
-  add("h_final", -1, true, {T, D}, &h_final_);
+  add("h_final", -1, true, {Tl, D}, &h_final_);
   add("norm.out", -1, true, {T, D}, &xf_);
-  add("norm.rstd", -1, true, {T}, &rstd_f_);
+  add("norm.rstd", -1, true, {Tl}, &rstd_f_);
   // Workspaces shared by all layers.
   ops::AttnShape as{max_batch_, max_seq_, Hq, Hkv, d, 1.f, Q, KV, QKV};
   add("tmp", -1, false, {T, D}, &tmp_);
@@ -319,9 +347,14 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
       &norm_scratch_);
   add("attention.delta", -1, false, {T, Hq}, &delta_);
   add("loss.scratch", -1, false,
-      {bf16_ ? ops::lm_head_ce_bf16_scratch(T, V, D, loss_chunk_rows_)
-             : ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)},
+      {tp_.active() ? ops::lm_head_ce_vocab_parallel_scratch(T, V, D, loss_chunk_rows_, bf16_)
+       : bf16_      ? ops::lm_head_ce_bf16_scratch(T, V, D, loss_chunk_rows_)
+                    : ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)},
       &loss_scratch_);
+  if (tp_.active()) {
+    add("tp.buffer", -1, false, {T, D}, &tp_buf_);
+    add("tp.embedding_ids", -1, false, {T}, &tp_ids_);
+  }
   if (bf16_)  // the bf16 operands of the widest projection's backward: M·(in + out)
     add("linear.bf16_operands", -1, false, {T * std::max({D + QKV, Q + D, D + 2 * F, F + D})},
         &lin_scratch_);
@@ -346,6 +379,17 @@ void Qwen3Model::init_weights(uint64_t seed, float std, int64_t unit) {
     float* w = params_buf_.data() + p.offset;
     if (p.shape.size() == 1) {
       std::fill_n(w, p.numel, 1.0f);  // RMSNorm weights
+    } else if (p.split_dim >= 0) {    // a tensor-parallel slice: the whole tensor's values
+      int64_t outer = 1, inner = 1;   // [outer, extent, inner] around the split dimension
+      for (size_t k = 0; k < p.shape.size(); ++k) {
+        if (static_cast<int>(k) < p.split_dim) outer *= p.shape[k];
+        if (static_cast<int>(k) > p.split_dim) inner *= p.shape[k];
+      }
+      const int64_t extent = p.shape[static_cast<size_t>(p.split_dim)];
+      const int64_t run = p.local_len * inner;
+      for (int64_t o = 0; o < outer; ++o)
+        fill_normal_range(w + o * run, (o * extent + p.local_begin) * inner, run, 0.0f, std, seed,
+                          i);
     } else {
       // The tied embedding is the lm_head weight: it gets the Linear init (same N(0, std)).
       fill_normal(w, p.numel, 0.0f, std, seed, i);
@@ -382,19 +426,17 @@ void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, 0.0f,
 // The block's forward: saved_[l] gets what its backward reads; out = its output.
 void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count,
                                const Cached* cached) {
-  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
-  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
-                QKV = a_.qkv_dim();
+  const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, F = f_, d = a_.head_dim;
+  const int64_t Hq = hq_, Hkv = hkv_, Q = q_, KV = kv_, QKV = qkv_;
   const float eps = a_.norm_eps;
   const float* P = params_buf_.data();
   const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
                           Q,   KV,  QKV};
-  const ops::NormRows rows{T, 1, D, D, D};
   const ops::NormRows qrows{T, Hq, d, QKV, Q};
   const ops::NormRows krows{T, Hkv, d, QKV, KV};
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
-  be_.rmsnorm_fwd(rows, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
+  norm_gathered(Tl, s.x, w.attention_norm, s.xn1, s.rstd1);
   linear(s.xn1, w.wqkv, s.qkv, T, D, QKV);
   be_.rmsnorm_fwd(qrows, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
   be_.rmsnorm_fwd(krows, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
@@ -413,8 +455,8 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
     be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
   }
   linear(s.o, w.wo, tmp_, T, Q, D);
-  be_.add(s.x, tmp_, s.hmid, T * D);
-  be_.rmsnorm_fwd(rows, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
+  be_.add(s.x, reduce_partial(tmp_, T), s.hmid, Tl * D);
+  norm_gathered(Tl, s.hmid, w.ffn_norm, s.xn2, s.rstd2);
   if (w.moe >= 0) {
     moe_forward(l, T, tmp_, count);
   } else {
@@ -422,66 +464,172 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
     be_.swiglu_fwd(s.ab, s.g, T, F);
     linear(s.g, w.w2, tmp_, T, F, D);
   }
-  be_.add(s.hmid, tmp_, out, T * D);
+  be_.add(s.hmid, reduce_partial(tmp_, T), out, Tl * D);
+}
+
+void Qwen3Model::norm_gathered(int64_t Tl, const float* x, int64_t w, float* out, float* rstd) {
+  const int64_t D = a_.dim;
+  const float* wp = params_buf_.data() + w;
+  if (!tp_.sequence_parallel) {
+    be_.rmsnorm_fwd({Tl, 1, D, D, D}, x, wp, a_.norm_eps, out, rstd);
+    return;
+  }
+  be_.rmsnorm_fwd({Tl, 1, D, D, D}, x, wp, a_.norm_eps, tmp_, rstd);
+  tp_hooks_->all_gather(tmp_, out, Tl * D);
+}
+
+const float* Qwen3Model::reduce_partial(float* y, int64_t T) {
+  if (!tp_.active()) return y;
+  if (tp_.sequence_parallel) {
+    tp_hooks_->reduce_scatter(y, tp_buf_, local_tokens(T) * a_.dim);
+    return tp_buf_;
+  }
+  tp_hooks_->all_reduce(y, T * a_.dim);
+  return y;
+}
+
+const float* Qwen3Model::gathered_grad(int64_t T) {
+  if (!tp_.sequence_parallel) return dx_;
+  tp_hooks_->all_gather(dx_, tp_buf_, local_tokens(T) * a_.dim);
+  return tp_buf_;
+}
+
+const float* Qwen3Model::reduced_grad(int64_t T) {
+  if (!tp_.active()) return dxn_;
+  if (tp_.sequence_parallel) {
+    tp_hooks_->reduce_scatter(dxn_, tp_buf_, local_tokens(T) * a_.dim);
+    return tp_buf_;
+  }
+  tp_hooks_->all_reduce(dxn_, T * a_.dim);
+  return dxn_;
+}
+
+void Qwen3Model::reduce_norm_grads(const int64_t* offsets, const int64_t* lens, int n,
+                                   int n_residual) {
+  // Sequence parallelism: the residual stream's norms (the first n_residual slots) have partial
+  // weight gradients, over this rank's tokens; q_norm/k_norm's (the others) always do, over this
+  // rank's heads.
+  int64_t total = 0, residual = 0;
+  for (int i = 0; i < n; ++i) {
+    total += lens[i];
+    if (i < n_residual) residual += lens[i];
+  }
+  if (tp_.sequence_parallel)
+    tp_hooks_->all_reduce(tp_gnorm_.data(), total);
+  else if (total > residual)
+    tp_hooks_->all_reduce(tp_gnorm_.data() + residual, total - residual);
+  const float* g = tp_gnorm_.data();
+  for (int i = 0; i < n; ++i) {
+    be_.add_inplace(grads_buf_.data() + offsets[i], g, lens[i]);
+    g += lens[i];
+  }
+}
+
+void Qwen3Model::embedding_forward(const int32_t* ids, int64_t T, float* out) {
+  const int64_t D = a_.dim, V = a_.vocab_size;
+  const float* table = params_buf_.data() + tok_emb_;
+  if (!tp_.active()) {
+    be_.embedding_fwd(ids, T, table, V, D, out);
+    return;
+  }
+  // Vocab-parallel: the rows of this rank's vocabulary, zeros elsewhere, summed over the group.
+  for (int64_t t = 0; t < T; ++t) {
+    check(ids[t] >= 0 && ids[t] < V, "token id " + std::to_string(ids[t]) + " at position " +
+                                         std::to_string(t) + " is outside the vocabulary of " +
+                                         std::to_string(V));
+    if (ids[t] >= v0_ && ids[t] < v0_ + vl_)
+      be_.copy(tmp_ + t * D, table + (ids[t] - v0_) * D, D * sizeof(float));
+    else
+      std::fill_n(tmp_ + t * D, D, 0.0f);
+  }
+  be_.copy(out, reduce_partial(tmp_, T), local_tokens(T) * D * sizeof(float));
+}
+
+void Qwen3Model::embedding_backward(const int32_t* ids, int64_t T) {
+  const int64_t D = a_.dim;
+  if (!tp_.active()) {
+    be_.embedding_bwd(ids, T, dx_, D, grad_at(tok_emb_));
+    return;
+  }
+  // The gradient rows of the tokens in this rank's vocabulary rows, compacted for the kernel.
+  const float* dy = gathered_grad(T);
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] >= v0_ && ids[t] < v0_ + vl_) {
+      tp_ids_[n] = static_cast<int32_t>(ids[t] - v0_);
+      be_.copy(tmp_ + n * D, dy + t * D, D * sizeof(float));
+      ++n;
+    }
+  be_.embedding_bwd(tp_ids_, n, tmp_, D, grad_at(tok_emb_));
 }
 
 // Selective AC "op": the block's norms, RoPE and SwiGLU from its kept inputs (x, qkv, h, w13).
 void Qwen3Model::recompute_cheap(int64_t l, const Batch& b) {
-  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
-  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
-                QKV = a_.qkv_dim();
+  const int64_t T = b.B * b.S, Tl = local_tokens(T), F = f_, d = a_.head_dim;
+  const int64_t Hq = hq_, Hkv = hkv_, Q = q_, KV = kv_, QKV = qkv_;
   const float eps = a_.norm_eps;
   const float* P = params_buf_.data();
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
-  be_.rmsnorm_fwd({T, 1, D, D, D}, s.x, P + w.attention_norm, eps, s.xn1, s.rstd1);
+  norm_gathered(Tl, s.x, w.attention_norm, s.xn1, s.rstd1);
   be_.rmsnorm_fwd({T, Hq, d, QKV, Q}, s.qkv, P + w.q_norm, eps, s.qr, s.rstd_q);
   be_.rmsnorm_fwd({T, Hkv, d, QKV, KV}, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
   call_rope(l, true, s.qr, b, Hq, Q);
   call_rope(l, true, s.kr, b, Hkv, KV);
-  be_.rmsnorm_fwd({T, 1, D, D, D}, s.hmid, P + w.ffn_norm, eps, s.xn2, s.rstd2);
+  norm_gathered(Tl, s.hmid, w.ffn_norm, s.xn2, s.rstd2);
   if (w.moe < 0) be_.swiglu_fwd(s.ab, s.g, T, F);
 }
 
 // The block's backward: dx_ (in: dL/d output, out: dL/d input); parameter gradients accumulate.
 void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
-  const int64_t T = b.B * b.S, D = a_.dim, F = a_.hidden_dim, d = a_.head_dim;
-  const int64_t Hq = a_.n_heads, Hkv = a_.n_kv_heads, Q = a_.q_dim(), KV = a_.kv_dim(),
-                QKV = a_.qkv_dim();
+  const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, F = f_, d = a_.head_dim;
+  const int64_t Hq = hq_, Hkv = hkv_, Q = q_, KV = kv_, QKV = qkv_;
   const float* P = params_buf_.data();
   const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
                           Q,   KV,  QKV};
-  const ops::NormRows rows{T, 1, D, D, D};
+  const ops::NormRows rows{Tl, 1, D, D, D};
   const ops::NormRows qrows{T, Hq, d, QKV, Q};
   const ops::NormRows krows{T, Hkv, d, QKV, KV};
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
+  // Tensor parallelism: the replicated norms' weight gradients of this backward are collected in
+  // tp_gnorm_ (attention_norm, ffn_norm, q_norm, k_norm) and reduced at the end.
+  const bool tp_norms = tp_.active() && trainable_;
+  if (tp_norms) std::fill(tp_gnorm_.begin(), tp_gnorm_.end(), 0.0f);
+  auto norm_grad = [&](int64_t off, int64_t slot) {
+    return tp_norms ? tp_gnorm_.data() + slot : grad_at(off);
+  };
   if (w.moe >= 0) {
     // out = hmid + moe(norm(hmid))
     moe_backward(l, T, dx_, dxn_);
   } else {
     // out = hmid + w2·swiglu(w13·norm(hmid))
-    linear_back(dx_, s.g, w.w2, dg_, T, F, D);
+    linear_back(gathered_grad(T), s.g, w.w2, dg_, T, F, D);
     be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
     linear_back(dab_, s.xn2, w.w13, dxn_, T, D, 2 * F);
   }
-  be_.rmsnorm_bwd(rows, dxn_, s.hmid, P + w.ffn_norm, s.rstd2, tmp_, grad_at(w.ffn_norm),
-                  norm_scratch_);
-  be_.add_inplace(dx_, tmp_, T * D);
+  be_.rmsnorm_bwd(rows, reduced_grad(T), s.hmid, P + w.ffn_norm, s.rstd2, tmp_,
+                  norm_grad(w.ffn_norm, D), norm_scratch_);
+  be_.add_inplace(dx_, tmp_, Tl * D);
   // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
-  linear_back(dx_, s.o, w.wo, do_, T, Q, D);
+  linear_back(gathered_grad(T), s.o, w.wo, do_, T, Q, D);
   be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
                     dqkv_ + Q + KV, delta_, attn_scratch_);
   call_rope(l, false, dq_, b, Hq, Q);
   call_rope(l, false, dkr_, b, Hkv, KV);
-  be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, grad_at(w.q_norm),
+  be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, norm_grad(w.q_norm, 2 * D),
                   norm_scratch_);
-  be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q, grad_at(w.k_norm),
-                  norm_scratch_);
+  be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q,
+                  norm_grad(w.k_norm, 2 * D + d), norm_scratch_);
   linear_back(dqkv_, s.xn1, w.wqkv, dxn_, T, D, QKV);
-  be_.rmsnorm_bwd(rows, dxn_, s.x, P + w.attention_norm, s.rstd1, tmp_, grad_at(w.attention_norm),
-                  norm_scratch_);
-  be_.add_inplace(dx_, tmp_, T * D);
+  be_.rmsnorm_bwd(rows, reduced_grad(T), s.x, P + w.attention_norm, s.rstd1, tmp_,
+                  norm_grad(w.attention_norm, 0), norm_scratch_);
+  be_.add_inplace(dx_, tmp_, Tl * D);
+  if (tp_norms) {
+    const int64_t offsets[] = {w.attention_norm, w.ffn_norm, w.q_norm, w.k_norm};
+    const int64_t lens[] = {D, D, d, d};
+    reduce_norm_grads(offsets, lens, 4, 2);
+  }
 }
 
 ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight, bool backward,
@@ -496,11 +644,18 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     throw Error("position " + std::to_string(pos) + " is outside the RoPE table of " +
                 std::to_string(max_seq_));
   }
-  const int64_t T = b.B * b.S, D = a_.dim, V = a_.vocab_size;
-  const float eps = a_.norm_eps;
+  const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, V = a_.vocab_size;
   float* P = params_buf_.data();
   const int64_t head = a_.n_layers + 1;  // the head's unit; a tied lm_head also reads unit 0
-  const ops::NormRows rows{T, 1, D, D, D};
+  const ops::NormRows rows{Tl, 1, D, D, D};
+  if (tp_.active()) {
+    check(tp_hooks_ != nullptr, "a tensor-parallel model runs with its group's hooks");
+    check(!tp_.sequence_parallel || T % tp_.size == 0,
+          "sequence parallelism: " + std::to_string(T) +
+              " tokens per microbatch are not divisible by the tensor-parallel degree " +
+              std::to_string(tp_.size));
+    check(!logits_out, "all logits of a tensor-parallel model are not formed on one rank");
+  }
   be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
 
   // ---------------- forward
@@ -512,7 +667,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   }
   if (hooks_) hooks_->begin_pass(backward && !logits_out);
   acquire(0, false);
-  be_.embedding_fwd(b.input, T, P + tok_emb_, V, D, saved_[0].x);
+  embedding_forward(b.input, T, saved_[0].x);
   release(0, false);
   for (int64_t l = 0; l < a_.n_layers; ++l) {
     acquire(l + 1, false);
@@ -527,7 +682,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     release(head, bwd);
     if (a_.tie_embeddings) release(0, bwd);
   };
-  be_.rmsnorm_fwd(rows, h_final_, P + norm_, eps, xf_, rstd_f_);
+  norm_gathered(Tl, h_final_, norm_, xf_, rstd_f_);
   if (logits_out) {
     linear(xf_, lm_head_, logits_out, T, D, V);
     release_head(false);
@@ -536,11 +691,23 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   const float gs = backward ? grad_scale : 0.0f;
   float* dh = backward ? dxn_ : nullptr;
   float* dw = backward ? grad_at(lm_head_) : nullptr;
-  const ops::LossSum loss = bf16_
-                                ? be_.lm_head_ce_bf16(xf_, weight_bf16(lm_head_), b.labels, T, D, V,
-                                                      loss_chunk_rows_, gs, dh, dw, loss_scratch_)
-                                : be_.lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V,
-                                                 loss_chunk_rows_, gs, dh, dw, loss_scratch_);
+  ops::LossSum loss;
+  if (tp_.active()) {  // loss parallelism: this rank's vocabulary rows (dh partial, reduced below)
+    struct Reducer final : ops::RankReducer {
+      models::TpHooks* h;
+      explicit Reducer(models::TpHooks* hooks) : h(hooks) {}
+      void sum(float* x, int64_t n) override { h->all_reduce(x, n); }
+      void max(float* x, int64_t n) override { h->all_reduce_max(x, n); }
+    } red(tp_hooks_);
+    loss = ops::lm_head_ce_vocab_parallel(
+        xf_, P + lm_head_, bf16_ ? weight_bf16(lm_head_) : nullptr, b.labels, T, D, V, v0_, vl_,
+        loss_chunk_rows_, gs, dh, dw, loss_scratch_, red);
+  } else {
+    loss = bf16_ ? be_.lm_head_ce_bf16(xf_, weight_bf16(lm_head_), b.labels, T, D, V,
+                                       loss_chunk_rows_, gs, dh, dw, loss_scratch_)
+                 : be_.lm_head_ce(xf_, P + lm_head_, b.labels, T, D, V, loss_chunk_rows_, gs, dh,
+                                  dw, loss_scratch_);
+  }
   if (!backward) {
     release_head(false);
     return loss;
@@ -548,7 +715,16 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
 
   // ---------------- backward (dx_ = dL/d(residual stream) flowing down); the head's forward
   // and backward are one use of its unit
-  be_.rmsnorm_bwd(rows, dxn_, h_final_, P + norm_, rstd_f_, dx_, grad_at(norm_), norm_scratch_);
+  {
+    const bool tp_norm = tp_.active() && trainable_;
+    if (tp_norm) std::fill_n(tp_gnorm_.begin(), D, 0.0f);
+    be_.rmsnorm_bwd(rows, reduced_grad(T), h_final_, P + norm_, rstd_f_, dx_,
+                    tp_norm ? tp_gnorm_.data() : grad_at(norm_), norm_scratch_);
+    if (tp_norm) {
+      const int64_t offsets[] = {norm_}, lens[] = {D};
+      reduce_norm_grads(offsets, lens, 1, 1);
+    }
+  }
   release_head(true);
   grads_ready(head);
   for (int64_t l = a_.n_layers - 1; l >= 0; --l) {
@@ -566,7 +742,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     release(l + 1, true);
     grads_ready(l + 1);
   }
-  if (trainable_) be_.embedding_bwd(b.input, T, dx_, D, grad_at(tok_emb_));  // reads no weights
+  if (trainable_) embedding_backward(b.input, T);  // reads no weights
   grads_ready(0);
   return loss;
 }
@@ -591,6 +767,7 @@ class Qwen3KvCache final : public models::KvCache {
 }  // namespace
 
 std::unique_ptr<models::KvCache> Qwen3Model::new_kv_cache(int64_t n_seq, int64_t max_len) {
+  check(!tp_.active(), "generation runs on a whole model, not a tensor-parallel slice");
   check(n_seq >= 1 && max_len >= 1, "a key/value cache needs at least one sequence and token");
   check(max_len <= max_seq_, "a key/value cache of " + std::to_string(max_len) +
                                  " tokens per sequence exceeds the model's positions (built for " +
@@ -678,16 +855,16 @@ void Qwen3Model::release(int64_t u, bool backward) {
 std::vector<models::FlatRange> Qwen3Model::copy_only_ranges() const {
   std::vector<models::FlatRange> r;
   if (!bf16_ || trainable_) return r;
-  const int64_t D = a_.dim, F = a_.hidden_dim;
+  const int64_t D = a_.dim, F = f_;
   for (const Layer& w : layers_) {
-    r.push_back({w.wqkv, a_.qkv_dim() * D});
-    r.push_back({w.wo, D * a_.q_dim()});
+    r.push_back({w.wqkv, qkv_ * D});
+    r.push_back({w.wo, D * q_});
     if (w.moe < 0) {
       r.push_back({w.w13, 2 * F * D});
       r.push_back({w.w2, D * F});
     }
   }
-  if (!a_.tie_embeddings) r.push_back({lm_head_, a_.vocab_size * D});  // a tied one is looked up
+  if (!a_.tie_embeddings) r.push_back({lm_head_, vl_ * D});  // a tied one is looked up
   return r;
 }
 
@@ -875,10 +1052,12 @@ int64_t Qwen3Model::num_flop_params() const {
   for (const auto& p : params_) {
     if (p.alias) continue;
     if (p.fqn == "tok_embeddings.weight" && !a_.tie_embeddings) continue;
+    int64_t whole = 1;  // the whole tensor's (a tensor-parallel slice counts the model's)
+    for (int64_t x : p.shape) whole *= x;
     if (p.fqn.find(".moe.experts.") != std::string::npos)
-      n += p.numel / a_.num_experts * a_.top_k;  // active experts only
+      n += whole / a_.num_experts * a_.top_k;  // active experts only
     else
-      n += p.numel;
+      n += whole;
   }
   return n;
 }
@@ -888,10 +1067,14 @@ double Qwen3Model::flops_per_token(int64_t seq_len) const {
          6.0 * static_cast<double>(a_.n_layers * a_.n_heads * 2 * a_.head_dim * seq_len);
 }
 
-std::vector<models::HfTensor> Qwen3Model::hf_tensors() const { return qwen3::hf_tensors(*this); }
+std::vector<models::HfTensor> Qwen3Model::hf_tensors() const {
+  check(!tp_.active(), "the Hugging Face tensors are those of a whole model (gather the slices)");
+  return qwen3::hf_tensors(*this);
+}
 
 void Qwen3Model::load_hf(const TensorSource& src, const std::string& where,
                          const std::vector<models::FlatRange>* only) {
+  check(!tp_.active(), "Hugging Face weights load into a whole model (then sliced)");
   restore_masters();
   mark_stale();
   load_hf_weights(*this, src, where, only);

@@ -59,7 +59,8 @@ class Qwen3Model final : public models::Model {
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
              std::vector<ops::RopeOp> rope_ops = {},
              std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
-             models::AcPolicy ac = {}, DType compute = DType::F32, bool trainable = true);
+             models::AcPolicy ac = {}, DType compute = DType::F32, bool trainable = true,
+             models::TpSlice tp = {});
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
@@ -86,6 +87,13 @@ class Qwen3Model final : public models::Model {
   float* grad_data() override { return trainable_ ? grads_buf_.data() : nullptr; }
   bool trainable() const override { return trainable_; }
   void set_linear_hooks(models::LinearHooks* h) override { lin_hooks_ = h; }
+  // Tensor parallelism (models/tensor_parallel.h): built for one slice, the parameters are this
+  // rank's slices (params()' split_dim), activations hold this rank's heads and hidden units and,
+  // with sequence parallelism, the residual stream this rank's tokens; the hooks carry the
+  // collectives. Training and evaluation losses only: logits, generation and the Hugging Face
+  // adapter need the whole model (the trainer gathers one, train/tensor_parallel.h).
+  models::TpSlice tp_slice() const override { return tp_; }
+  void set_tp_hooks(models::TpHooks* h) override { tp_hooks_ = h; }
   int64_t vocab_size() const override { return a_.vocab_size; }
 
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
@@ -201,11 +209,36 @@ class Qwen3Model final : public models::Model {
   void restore_masters();
   bool masters_released_ = false;
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
-  void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
+  // split: the dimension a tensor-parallel slice splits (-1: whole on every rank).
+  void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off,
+                 int split = -1);
+  // Tensor parallelism's redistributions (identities when the model is whole): the residual
+  // stream's tokens held here; a norm of the residual stream whose output the projections read
+  // whole (sequence parallelism: normalized here, all-gathered into out); a row-parallel
+  // projection's partial output [T, D] summed over the group (SP: reduce-scattered into tp_buf_);
+  // in the backward, the gradient of the residual stream as those projections read it (SP:
+  // dx_ all-gathered into tp_buf_) and the partial gradient of a gathered norm output (dxn_)
+  // reduced to the tokens held here.
+  int64_t local_tokens(int64_t T) const { return tp_.sequence_parallel ? T / tp_.size : T; }
+  void norm_gathered(int64_t Tl, const float* x, int64_t w, float* out, float* rstd);
+  const float* reduce_partial(float* y, int64_t T);
+  const float* gathered_grad(int64_t T);
+  const float* reduced_grad(int64_t T);
+  // The gradients of the replicated norm weights one backward computed in tp_gnorm_ (n slots of
+  // lens[i] values, the first n_residual the residual stream's norms), summed over the group where
+  // they are partial, added to the gradients at offsets[i].
+  void reduce_norm_grads(const int64_t* offsets, const int64_t* lens, int n, int n_residual);
+  void embedding_forward(const int32_t* ids, int64_t T, float* out);
+  void embedding_backward(const int32_t* ids, int64_t T);
   // Fills sizes_ (the size table) and, per entry, the member pointer it is carved into.
   void declare_tensors(std::vector<void**>* slots);
 
   Qwen3Args a_;
+  models::TpSlice tp_;
+  models::TpHooks* tp_hooks_ = nullptr;
+  // This slice's sizes (the whole model's without tensor parallelism): heads, projection widths,
+  // feed-forward hidden units, vocabulary rows [v0_, v0_ + vl_).
+  int64_t hq_, hkv_, q_, kv_, qkv_, f_, v0_, vl_;
   const ops::Backend& be_;  // the kernels (cpu/float32 or cpu/bfloat16)
   bool bf16_ = false;       // mixed precision: GEMMs on the bf16 weight copy
   bool trainable_ = true;   // false: frozen, no gradients of the parameters
@@ -244,6 +277,11 @@ class Qwen3Model final : public models::Model {
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,
       *delta_, *loss_scratch_;
   Buffer<int32_t> seg_;  // attention segment starts for the current microbatch
+  // Tensor parallelism: a [T, D] workspace (reduce-scatter and all-gather ends), the token ids of
+  // this rank's vocabulary rows, the replicated norms' gradients of one backward.
+  float* tp_buf_ = nullptr;
+  int32_t* tp_ids_ = nullptr;
+  std::vector<float> tp_gnorm_;
 };
 
 }  // namespace titan::qwen3

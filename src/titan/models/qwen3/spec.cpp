@@ -91,6 +91,15 @@ void validate(const config::JobConfig& c) {
     check(a.n_kv_heads % tp == 0, "n_kv_heads (" + std::to_string(a.n_kv_heads) +
                                       ") must be divisible by tp_size (" + std::to_string(tp) +
                                       ") (parallelism.tensor_parallel_degree)");
+    check(a.hidden_dim % tp == 0, "hidden_dim (" + std::to_string(a.hidden_dim) +
+                                      ") must be divisible by tp_size (" + std::to_string(tp) +
+                                      ") (parallelism.tensor_parallel_degree)");
+    const int64_t tokens = c.training.local_batch_size * seq_len;
+    check(!c.parallelism.enable_sequence_parallel || tokens % tp == 0,
+          "sequence parallelism needs the tokens per microbatch (local_batch_size x seq_len = " +
+              std::to_string(tokens) + ") divisible by tp_size (" + std::to_string(tp) +
+              "); change training.seq_len or training.local_batch_size, or pass "
+              "--parallelism.enable_sequence_parallel false");
   }
   if (ep > 1) {
     check(a.is_moe(), "parallelism.expert_parallel_degree " + std::to_string(ep) + ": " + source +
@@ -156,7 +165,7 @@ models::ModelSpec model_spec() {
         }
     return std::make_unique<Qwen3Model>(a, o.batch, o.seq_len, o.loss_chunks,
                                         rope_plan(tree, a, o.seq_len), std::move(experts),
-                                        o.allocate, o.ac, compute, o.trainable);
+                                        o.allocate, o.ac, compute, o.trainable, o.tp);
   };
   return s;
 }
