@@ -142,8 +142,22 @@ void TensorParallel::slice(const models::Model& local, float* local_buf, const m
   }
 }
 
+void TensorParallel::copy_buffers(const models::Model& from, const models::Model& to) {
+  const auto dst = to.buffers();
+  for (const auto& b : from.buffers()) {
+    const auto it = std::find_if(dst.begin(), dst.end(),
+                                 [&](const models::BufferInfo& x) { return x.fqn == b.fqn; });
+    check(it != dst.end() && it->shape == b.shape,
+          "tensor parallelism: the whole model has no buffer " + b.fqn + " of its shape");
+    int64_t n = 1;
+    for (int64_t x : b.shape) n *= x;
+    std::copy_n(b.data, n, it->data);
+  }
+}
+
 double TensorParallel::theory_bytes(const config::JobConfig& cfg, int64_t P, int64_t layers,
-                                    int64_t D, int64_t d, int64_t T, int64_t microbatches) {
+                                    int64_t D, int64_t d, int64_t T, int64_t microbatches,
+                                    int64_t moe_layers, int64_t top_k) {
   const bool sp = cfg.parallelism.enable_sequence_parallel;
   const double f = static_cast<double>(P - 1) / static_cast<double>(P);
   const double A = f * 4.0 * static_cast<double>(T * D);  // one all-gather / reduce-scatter
@@ -164,8 +178,9 @@ double TensorParallel::theory_bytes(const config::JobConfig& cfg, int64_t P, int
   const double loss = R * 3.0 * static_cast<double>(T);  // max, sum and target logit per token
   const double norms =
       R * (static_cast<double>(layers) * ((sp ? 2.0 * D : 0.0) + 2.0 * d) + (sp ? D : 0.0));
+  const double routing = R * static_cast<double>(moe_layers * T * top_k);
   return static_cast<double>(microbatches) *
-         (static_cast<double>(layers) * 2.0 * block + recompute + ends + loss + norms);
+         (static_cast<double>(layers) * 2.0 * block + recompute + ends + loss + norms + routing);
 }
 
 }  // namespace titan::train

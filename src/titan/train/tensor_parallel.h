@@ -9,7 +9,8 @@
 // the forward, and the same four in the backward (the all-gather's backward is a reduce-scatter
 // and the other way round); without it, two all-reduces (2A each) per block and direction. Around
 // them: the embedding's reduce-scatter (all-reduce), the final norm's all-gather, the loss's
-// reductions of 3 values per token, the replicated norms' weight gradients; activation
+// reductions of 3 values per token, the replicated norms' weight gradients, MoE layers' routing
+// weight gradients; activation
 // checkpointing repeats the gathers of what it recomputes. theory_bytes() adds these up.
 #pragma once
 #include <cstdint>
@@ -39,11 +40,18 @@ class TensorParallel final : public models::TpHooks {
   static void slice(const models::Model& local, float* local_buf, const models::Model& full,
                     const float* full_buf);
 
+  // The persistent buffers (MoE expert_bias: replicated, the same on every rank) from one model
+  // into the other's, by name.
+  static void copy_buffers(const models::Model& from, const models::Model& to);
+
   // The bytes one optimizer step of `microbatches` microbatches sends per rank in theory (the
   // sum above) for a model of `args_layers` dense blocks, dim D, head_dim d, T tokens per
   // microbatch.
+  // MoE layers (moe_layers of them, top_k routing) add the all-reduce of the routing weights'
+  // gradient [T, top_k] in their backward (the experts' hidden units are split).
   static double theory_bytes(const config::JobConfig& cfg, int64_t P, int64_t layers, int64_t D,
-                             int64_t d, int64_t T, int64_t microbatches);
+                             int64_t d, int64_t T, int64_t microbatches, int64_t moe_layers = 0,
+                             int64_t top_k = 0);
 
  private:
   dist::Communicator& tp_;

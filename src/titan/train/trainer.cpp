@@ -324,6 +324,7 @@ std::optional<ckpt::TrainState> Trainer::load_tensor_parallel() {
   if (st || !k.initial_load_path.empty() || k.initial_load_in_hf) {
     const models::Model& whole = w;
     TensorParallel::slice(*model_, model_->param_data(), whole, whole.param_data());
+    TensorParallel::copy_buffers(whole, *model_);
     if (st) {
       std::vector<float> lm(static_cast<size_t>(n)), lv(lm.size());
       TensorParallel::slice(*model_, lm.data(), whole, wm.data());
@@ -358,6 +359,7 @@ void Trainer::save_tensor_parallel(const ckpt::TrainState& st, bool last) {
     v = lv.data();
   }
   TensorParallel::gather(*mesh_.tp, local, local.param_data(), w, w.param_data());
+  TensorParallel::copy_buffers(local, w);
   TensorParallel::gather(*mesh_.tp, local, m, w, wm.data());
   TensorParallel::gather(*mesh_.tp, local, v, w, wv.data());
   if (fsdp_) fsdp_->reshard_all();
@@ -726,8 +728,14 @@ void Trainer::train() {
                 p.fqn.compare(p.fqn.size() - tail.size(), tail.size(), tail) == 0;
     }
     const double steps = static_cast<double>(step_ - first_step_);
-    const double theory = TensorParallel::theory_bytes(cfg_, dims_.tp, layers, D, d,
-                                                       t.local_batch_size * t.seq_len, grad_accum_);
+    int64_t moe_layers = 0, top_k = 0;  // the routing weights' shape [T, top_k]
+    for (const auto& p : model_->params())
+      moe_layers += p.fqn.find(".moe.router.gate.") != std::string::npos;
+    for (const auto& e : model_->activation_table())
+      if (e.name.find("moe.router.weights") != std::string::npos) top_k = e.shape[1];
+    const double theory =
+        TensorParallel::theory_bytes(cfg_, dims_.tp, layers, D, d, t.local_batch_size * t.seq_len,
+                                     grad_accum_, moe_layers, top_k);
     const double sent = static_cast<double>(tp_comm_bytes_) / steps;
     char buf[320];
     std::snprintf(buf, sizeof buf,

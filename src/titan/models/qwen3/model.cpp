@@ -100,18 +100,17 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
   const int64_t L = a_.n_layers, E = a_.num_experts, Fm = a_.moe_hidden_dim;
   if (tp_.active()) {  // the spec checked these with torchtitan's words; a direct caller too
-    check(a_.n_heads % tp_.size == 0 && a_.n_kv_heads % tp_.size == 0 && F % tp_.size == 0,
-          "tensor parallelism needs n_heads, n_kv_heads and hidden_dim divisible by the degree");
-    check(!a_.is_moe(),
-          "parallelism.tensor_parallel_degree " + std::to_string(tp_.size) +
-              ": the model has MoE layers, whose tensor parallelism is not implemented yet; "
-              "train it with data and expert parallelism (parallelism.expert_parallel_degree)");
+    const bool dense = a_.n_moe_layers() < a_.n_layers;
+    check(a_.n_heads % tp_.size == 0 && a_.n_kv_heads % tp_.size == 0 &&
+              (!dense || F % tp_.size == 0) && Fm % tp_.size == 0,
+          "tensor parallelism needs n_heads, n_kv_heads, hidden_dim and moe_hidden_dim divisible "
+          "by the degree");
     check(!tp_.sequence_parallel || max_tokens_ % tp_.size == 0,
           "sequence parallelism needs the tokens per microbatch divisible by the degree");
   }
   const int64_t P = tp_.size;
   hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
-  qkv_ = q_ + 2 * kv_, f_ = F / P;
+  qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = Fm / P;
   const models::ShardRange vs = models::shard_range(V, tp_.rank, tp_.size);
   v0_ = vs.begin, vl_ = vs.rows;
 
@@ -142,11 +141,11 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       ly.gate = off;
       add_param(p + "moe.router.gate.weight", {E, D}, l + 1, &off);
       ly.ew1 = off;
-      add_param(p + "moe.experts.w1", {E, Fm, D}, l + 1, &off);
+      add_param(p + "moe.experts.w1", {E, Fm, D}, l + 1, &off, 1);
       ly.ew3 = off;
-      add_param(p + "moe.experts.w3", {E, Fm, D}, l + 1, &off);
+      add_param(p + "moe.experts.w3", {E, Fm, D}, l + 1, &off, 1);
       ly.ew2 = off;
-      add_param(p + "moe.experts.w2", {E, D, Fm}, l + 1, &off);
+      add_param(p + "moe.experts.w2", {E, D, Fm}, l + 1, &off, 2);
     } else {
       ly.w13 = off;
       add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off, 0);
@@ -242,7 +241,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
   // statistics, h_final) on Tl tokens with sequence parallelism.
   const int64_t D = a_.dim, V = vl_, d = a_.head_dim, F = f_;
   const int64_t L = a_.n_layers, T = max_tokens_, Tl = local_tokens(max_tokens_);
-  const int64_t E = a_.num_experts, K = a_.top_k, Fm = a_.moe_hidden_dim;
+  const int64_t E = a_.num_experts, K = a_.top_k, Fm = fm_;
   const int64_t Hq = hq_, Hkv = hkv_, QKV = qkv_, Q = q_, KV = kv_;
   const ops::ExpertsShape es{T, D, Fm, E, K};
   sizes_.clear();
@@ -601,7 +600,7 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   };
   if (w.moe >= 0) {
     // out = hmid + moe(norm(hmid))
-    moe_backward(l, T, dx_, dxn_);
+    moe_backward(l, T, gathered_grad(T), dxn_);
   } else {
     // out = hmid + w2·swiglu(w13·norm(hmid))
     linear_back(gathered_grad(T), s.g, w.w2, dg_, T, F, D);
@@ -935,7 +934,7 @@ ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, int64_t T) {
   const Saved& s = saved_[l];
   const float* P = params_buf_.data();
   ops::ExpertsArgs ea;
-  ea.s = {T, a_.dim, a_.moe_hidden_dim, a_.num_experts, a_.top_k};
+  ea.s = {T, a_.dim, fm_, a_.num_experts, a_.top_k};
   ea.x = s.xn2;
   ea.idx = s.idx;
   ea.w = s.rw;
@@ -981,10 +980,15 @@ void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn)
   eg.dw3 = grad_at(w.ew3);
   eg.dw2 = grad_at(w.ew2);
   guarded("Experts", op.name, false, l, [&] { op.backward(ea, eg); });
+  // Tensor parallelism: the experts' hidden units are split, so their outputs' and dxn's parts
+  // are partial sums and so is the routing weights' gradient: summed here, the router's backward
+  // is whole (and the same) on every rank; its input gradient joins dxn's partial sum on rank 0
+  // alone, so the group's reduction of dxn counts it once.
+  if (tp_.active()) tp_hooks_->all_reduce(dw_route_, T * K);
   be_.router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
                  E, K, a_.norm_topk_prob, dlogits_);
-  be_.linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, dxn, grad_at(w.gate), T, D, E,
-                 /*dx_accumulate=*/true);
+  be_.linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, tp_.rank == 0 ? dxn : nullptr,
+                 grad_at(w.gate), T, D, E, /*dx_accumulate=*/true);
 }
 
 // HF load_balancing_loss_func over all MoE layers' router probabilities P (pooled, N = layers·T

@@ -237,8 +237,8 @@ class Qwen3Model final : public models::Model {
   models::TpSlice tp_;
   models::TpHooks* tp_hooks_ = nullptr;
   // This slice's sizes (the whole model's without tensor parallelism): heads, projection widths,
-  // feed-forward hidden units, vocabulary rows [v0_, v0_ + vl_).
-  int64_t hq_, hkv_, q_, kv_, qkv_, f_, v0_, vl_;
+  // feed-forward and experts' hidden units, vocabulary rows [v0_, v0_ + vl_).
+  int64_t hq_, hkv_, q_, kv_, qkv_, f_, fm_, v0_, vl_;
   const ops::Backend& be_;  // the kernels (cpu/float32 or cpu/bfloat16)
   bool bf16_ = false;       // mixed precision: GEMMs on the bf16 weight copy
   bool trainable_ = true;   // false: frozen, no gradients of the parameters

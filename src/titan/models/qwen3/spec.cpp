@@ -91,9 +91,13 @@ void validate(const config::JobConfig& c) {
     check(a.n_kv_heads % tp == 0, "n_kv_heads (" + std::to_string(a.n_kv_heads) +
                                       ") must be divisible by tp_size (" + std::to_string(tp) +
                                       ") (parallelism.tensor_parallel_degree)");
-    check(a.hidden_dim % tp == 0, "hidden_dim (" + std::to_string(a.hidden_dim) +
-                                      ") must be divisible by tp_size (" + std::to_string(tp) +
-                                      ") (parallelism.tensor_parallel_degree)");
+    check(a.n_moe_layers() == a.n_layers || a.hidden_dim % tp == 0,
+          "hidden_dim (" + std::to_string(a.hidden_dim) + ") must be divisible by tp_size (" +
+              std::to_string(tp) + ") (parallelism.tensor_parallel_degree)");
+    check(!a.is_moe() || a.moe_hidden_dim % tp == 0,
+          "moe_hidden_dim (" + std::to_string(a.moe_hidden_dim) +
+              ") must be divisible by tp_size (" + std::to_string(tp) +
+              ") (parallelism.tensor_parallel_degree: the experts' hidden units are split)");
     const int64_t tokens = c.training.local_batch_size * seq_len;
     check(!c.parallelism.enable_sequence_parallel || tokens % tp == 0,
           "sequence parallelism needs the tokens per microbatch (local_batch_size x seq_len = " +
