@@ -261,8 +261,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                      "gathering the logits"
                    : "") +
               "); this rank holds " + with_commas(n) +
-              " parameters (its slices and the "
-              "replicated norms)");
+              " parameters (its slices and the replicated norms)");
   }
   if (dims_.ep > 1) {
     int64_t E = 0;
