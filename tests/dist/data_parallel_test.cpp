@@ -217,22 +217,11 @@ TEST(DataParallelHf, FsdpReadsItsSlicesOfHuggingFaceWeightsAndTrainsLikeOneProce
   const int steps = 3;
   for (const char* fixture : {"moe_norm_fused", "tied_gqa2"}) {
     SCOPED_TRACE(fixture);
-    auto job = [&](const std::string& dump) {
-      return std::string(TITAN_BINARY) +
-             " train --config qwen3_debugmodel --model.hf_assets_path " + TITAN_SOURCE_DIR +
-             "/tests/fixtures/hf/" + fixture +
-             " --checkpoint.initial_load_in_hf --training.mixed_precision_param float32"
-             " --training.seq_len 32 --training.local_batch_size 2 --training.steps " +
-             std::to_string(steps) +
-             " --metrics.log_freq 1 --dataloader.dataset text --dataloader.dataset_path " + docs +
-             " --dataloader.shuffle false --lr_scheduler.warmup_steps 2 --checkpoint.enable"
-             " --checkpoint.interval 1000 --dump_folder " +
-             dump;
-    };
+    auto run_job = [&](const std::string& dump) { return hf_job(fixture, docs, dump, steps); };
     const std::string one = dir + "/one_" + fixture, fsdp = dir + "/fsdp_" + fixture;
-    const ShellRun a = sh(job(one) + " --training.global_batch_size 4");
+    const ShellRun a = sh(run_job(one) + " --training.global_batch_size 4");
     ASSERT_EQ(a.code, 0) << a.out;
-    const ShellRun b = sh(mpirun(2) + job(fsdp));
+    const ShellRun b = sh(mpirun(2) + run_job(fsdp));
     ASSERT_EQ(b.code, 0) << b.out;
     EXPECT_NE(b.out.find("(this rank's slices)"), std::string::npos) << b.out;
     expect_same_training(one, fsdp, steps);

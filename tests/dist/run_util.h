@@ -70,6 +70,20 @@ inline std::string job(const std::string& docs, const std::string& dump, bool mo
   return a;
 }
 
+// A job that starts from a Hugging Face fixture (tests/fixtures/hf/NAME) in fp32.
+inline std::string hf_job(const std::string& fixture, const std::string& docs,
+                          const std::string& dump, int steps) {
+  return std::string(TITAN_BINARY) + " train --config qwen3_debugmodel --model.hf_assets_path " +
+         TITAN_SOURCE_DIR + "/tests/fixtures/hf/" + fixture +
+         " --checkpoint.initial_load_in_hf --training.mixed_precision_param float32"
+         " --training.seq_len 32 --training.local_batch_size 2 --training.steps " +
+         std::to_string(steps) +
+         " --metrics.log_freq 1 --dataloader.dataset text --dataloader.dataset_path " + docs +
+         " --dataloader.shuffle false --lr_scheduler.warmup_steps 2 --checkpoint.enable"
+         " --checkpoint.interval 1000 --dump_folder " +
+         dump;
+}
+
 inline std::vector<nlohmann::json> metrics(const std::string& dump) {
   std::vector<nlohmann::json> rows;
   std::ifstream f(dump + "/metrics.jsonl");

@@ -43,6 +43,11 @@ const models::ParamInfo& whole_of(const std::map<std::string, const models::Para
 }
 }  // namespace
 
+const std::vector<int64_t>& TensorParallel::counts(int64_t n) {
+  counts_.assign(static_cast<size_t>(tp_.size()), n);  // no allocation after the first call
+  return counts_;
+}
+
 void TensorParallel::all_reduce(float* x, int64_t n) {
   Timed t{seconds_};
   tp_.all_reduce(x, n);
@@ -56,12 +61,12 @@ void TensorParallel::all_reduce_max(float* x, int64_t n) {
 void TensorParallel::all_gather(const float* in, float* out, int64_t n) {
   Timed t{seconds_};
   std::memcpy(out + tp_.rank() * n, in, static_cast<size_t>(n) * sizeof(float));
-  tp_.all_gather(out, std::vector<int64_t>(static_cast<size_t>(tp_.size()), n));
+  tp_.all_gather(out, counts(n));
 }
 
 void TensorParallel::reduce_scatter(const float* in, float* out, int64_t n) {
   Timed t{seconds_};
-  tp_.reduce_scatter(in, out, std::vector<int64_t>(static_cast<size_t>(tp_.size()), n));
+  tp_.reduce_scatter(in, out, counts(n));
 }
 
 namespace {

@@ -14,6 +14,7 @@
 // checkpointing repeats the gathers of what it recomputes. theory_bytes() adds these up.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "titan/config/job_config.h"
 #include "titan/dist/communicator.h"
@@ -54,7 +55,9 @@ class TensorParallel final : public models::TpHooks {
                              int64_t top_k = 0);
 
  private:
+  const std::vector<int64_t>& counts(int64_t n);  // n for every rank
   dist::Communicator& tp_;
+  std::vector<int64_t> counts_;
   double seconds_ = 0;
 };
 

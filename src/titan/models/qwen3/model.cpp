@@ -493,15 +493,7 @@ const float* Qwen3Model::gathered_grad(int64_t T) {
   return tp_buf_;
 }
 
-const float* Qwen3Model::reduced_grad(int64_t T) {
-  if (!tp_.active()) return dxn_;
-  if (tp_.sequence_parallel) {
-    tp_hooks_->reduce_scatter(dxn_, tp_buf_, local_tokens(T) * a_.dim);
-    return tp_buf_;
-  }
-  tp_hooks_->all_reduce(dxn_, T * a_.dim);
-  return dxn_;
-}
+const float* Qwen3Model::reduced_grad(int64_t T) { return reduce_partial(dxn_, T); }
 
 void Qwen3Model::reduce_norm_grads(const int64_t* offsets, const int64_t* lens, int n,
                                    int n_residual) {

@@ -46,6 +46,13 @@ int64_t lm_head_ce_bf16_scratch(int64_t T, int64_t V, int64_t D, int64_t chunk_r
 }
 
 namespace {
+void check_labels(const int32_t* labels, int64_t T, int64_t V) {
+  for (int64_t t = 0; t < T; ++t)
+    check(labels[t] == kIgnoreIndex || (labels[t] >= 0 && labels[t] < V),
+          "label " + std::to_string(labels[t]) + " at position " + std::to_string(t) +
+              " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+}
+
 // lm_head_ce for fp32 weights (W = float) or the bf16 compute copy (W = uint16_t: each chunk's
 // h and logit gradient are rounded to bf16 for the GEMMs; the CE itself is fp32).
 template <typename W>
@@ -53,10 +60,7 @@ LossSum lm_head_ce_impl(const float* h, const W* w, const int32_t* labels, int64
                         int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
                         float* scratch) {
   constexpr bool bf16 = std::is_same_v<W, uint16_t>;
-  for (int64_t t = 0; t < T; ++t)
-    check(labels[t] == kIgnoreIndex || (labels[t] >= 0 && labels[t] < V),
-          "label " + std::to_string(labels[t]) + " at position " + std::to_string(t) +
-              " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+  check_labels(labels, T, V);
   const bool grad = grad_scale != 0.0f && dh != nullptr;
   const int64_t rows = std::min(T, chunk_rows);
   float* logits = scratch;
@@ -124,10 +128,7 @@ LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t
                                   const int32_t* labels, int64_t T, int64_t D, int64_t V,
                                   int64_t v0, int64_t Vr, int64_t chunk_rows, float grad_scale,
                                   float* dh, float* dw, float* scratch, RankReducer& red) {
-  for (int64_t t = 0; t < T; ++t)
-    check(labels[t] == kIgnoreIndex || (labels[t] >= 0 && labels[t] < V),
-          "label " + std::to_string(labels[t]) + " at position " + std::to_string(t) +
-              " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+  check_labels(labels, T, V);
   const bool grad = grad_scale != 0.0f && dh != nullptr;
   const int64_t rows = std::min(T, chunk_rows);
   float* z = scratch;
