@@ -12,7 +12,8 @@
 // untied (the 8B flavor's shape, shrunk) embeddings, full and selective-op activation
 // checkpointing, FSDP 2 × TP 2 and DDP 2 × TP 2 on 4 ranks; the tiny MoE model (expert bias and
 // auxiliary loss on) under TP 2 with and without SP and FSDP 2 × TP 2, its experts' hidden units
-// split and the router replicated. Each run's bytes in the tp group's
+// split and the router replicated; and with EP borrowing the tp ranks (EP 2 on TP 2 with and
+// without SP and with full AC, FSDP 2 × TP 2 × EP 2 and × EP 4). Each run's bytes in the tp group's
 // collectives are checked against the theoretical TP/SP volume (train/tensor_parallel.h) within
 // 5%. Also: Hugging Face initial weights (tied and untied fixtures) read whole and sliced;
 // checkpoints resharded between TP 2, one process, FSDP 2 and FSDP 2 × TP 2; and the layouts
@@ -36,6 +37,7 @@ using testing::fresh_temp_dir;
 
 const char* const kUntied = " --model.flavor 8B";  // the same widths below, lm_head its own
 const char* const kEps = " --optimizer.eps 1e-6";  // see the top of the file
+const char* const kEp2 = " --parallelism.expert_parallel_degree 2";
 
 double ratio_after(const std::string& out, const std::string& key) {
   const size_t at = out.find(key);
@@ -72,6 +74,17 @@ TEST(TensorParallel, MatchesOneProcessOnTheSameGlobalBatch) {
       {"moe_tp2_sp", 2, 1, "", true},
       {"moe_tp2_nosp", 2, 1, " --parallelism.enable_sequence_parallel false", true},
       {"moe_fsdp2_tp2", 4, 2, "", true},
+      // MoE with EP borrowing the tp ranks: whole experts on their ep rank, each tp rank routing
+      // its own rows (SP: its sequence shard; without SP: 1/2 of the replicated rows); EP 2 = the
+      // tp group (FSDP 2 × TP 2 × EP 2: experts sharded over efsdp 2) or both (EP 4: efsdp 1).
+      {"moe_tp2_ep2_sp", 2, 1, kEp2, true},
+      {"moe_tp2_ep2_nosp", 2, 1,
+       " --parallelism.expert_parallel_degree 2 --parallelism.enable_sequence_parallel false",
+       true},
+      {"moe_tp2_ep2_full_ac", 2, 1,
+       " --parallelism.expert_parallel_degree 2 --activation_checkpoint.mode full", true},
+      {"moe_fsdp2_tp2_ep2", 4, 2, kEp2, true},
+      {"moe_fsdp2_tp2_ep4", 4, 2, " --parallelism.expert_parallel_degree 4", true},
   };
   const std::string eps = kEps;
   auto ref_of = [&](int dp, bool untied, bool moe) {
@@ -122,6 +135,9 @@ TEST(TensorParallelHf, ReadsHuggingFaceWeightsAndTrainsLikeOneProcess) {
 // Checkpoints of a TP layout hold whole tensors (gathered from the slices, written by rank 0 in
 // the one-process layout), so they reshard on load: TP 2 → one process, one process → TP 2
 // (sequence parallelism off), FSDP 2 × TP 2 → FSDP 2, FSDP 2 (sharded files) → FSDP 2 × TP 2.
+// So do those of expert parallelism, whose ranks hold only their experts (sharded over the efsdp
+// ranks): MoE FSDP 2 × EP 2 → FSDP 2, FSDP 2 → FSDP 2 × EP 2, FSDP 4 × EP 2 (efsdp 2) → FSDP 4,
+// FSDP 2 × TP 2 × EP 2 → FSDP 2 and FSDP 2 → FSDP 2 × TP 2 × EP 4.
 // Each chain saves its full state at step 2 and resumes to step 4 in the other layout; the 4
 // steps must match the uninterrupted one-process run of the same global batch.
 TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
@@ -130,8 +146,12 @@ TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
   const std::string docs = write_docs(dir);
   const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
   const std::string tp2 = " --parallelism.tensor_parallel_degree 2";
-  for (int dp : {1, 2}) {
-    const ShellRun r = sh(job(docs, dir + "/one_" + std::to_string(dp), false, 4) + kEps +
+  const std::string ep2 = " --parallelism.expert_parallel_degree 2";
+  auto ref = [&](int dp, bool moe) {
+    return dir + (moe ? "/one_moe_" : "/one_") + std::to_string(dp);
+  };
+  for (const auto& [dp, moe] : {std::pair{1, false}, {2, false}, {2, true}, {4, true}}) {
+    const ShellRun r = sh(job(docs, ref(dp, moe), moe, 4) + kEps +
                           " --training.global_batch_size " + std::to_string(2 * dp));
     ASSERT_EQ(r.code, 0) << r.out;
   }
@@ -139,6 +159,7 @@ TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
     const char* name;
     int dp;
     std::string first, second;  // launcher + flags of steps 1–2 and 3–4
+    bool moe = false;
   };
   const std::string one_proc = " --training.global_batch_size 2";
   const std::vector<Chain> chains = {
@@ -147,13 +168,19 @@ TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
        mpirun(2) + "@" + tp2 + " --parallelism.enable_sequence_parallel false"},
       {"fsdp2tp2_to_fsdp2", 2, mpirun(4) + "@" + tp2, mpirun(2) + "@"},
       {"fsdp2_to_fsdp2tp2", 2, mpirun(2) + "@", mpirun(4) + "@" + tp2},
+      {"fsdp2ep2_to_fsdp2", 2, mpirun(2) + "@" + ep2, mpirun(2) + "@", true},
+      {"fsdp2_to_fsdp2ep2", 2, mpirun(2) + "@", mpirun(2) + "@" + ep2, true},
+      {"fsdp4ep2_to_fsdp4", 4, mpirun(4) + "@" + ep2, mpirun(4) + "@", true},
+      {"fsdp2tp2ep2_to_fsdp2", 2, mpirun(4) + "@" + tp2 + ep2, mpirun(2) + "@", true},
+      {"fsdp2_to_fsdp2tp2ep4", 2, mpirun(2) + "@",
+       mpirun(4) + "@" + tp2 + " --parallelism.expert_parallel_degree 4", true},
   };
   for (const Chain& c : chains) {
     SCOPED_TRACE(c.name);
     const std::string dump = dir + "/" + c.name;
     auto run = [&](const std::string& spec, int steps, const std::string& save) {
       const size_t at = spec.find('@');
-      return sh(spec.substr(0, at) + job(docs, dump, false, steps) + kEps + save +
+      return sh(spec.substr(0, at) + job(docs, dump, c.moe, steps) + kEps + save +
                 spec.substr(at + 1));
     };
     ShellRun r = run(c.first, 2, keep);
@@ -162,7 +189,7 @@ TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("step:  3"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("the data order restarts"), std::string::npos) << r.out;
-    expect_same_training(dir + "/one_" + std::to_string(c.dp), dump, 4);
+    expect_same_training(ref(c.dp, c.moe), dump, 4);
   }
 }
 
@@ -196,11 +223,16 @@ TEST(TensorParallelErrors, RefusedLayoutsSayWhy) {
     EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
     EXPECT_NE(r.out.find(c.message), std::string::npos) << r.out;
   }
-  // MoE: the experts' hidden units must divide; EP borrowing TP ranks is not implemented yet.
+  // MoE: the experts' hidden units must divide (without EP); EP must divide the ranks of the
+  // replica's [dp_shard, tp] grid it borrows; EP over the tp ranks splits each microbatch's
+  // tokens.
   const std::vector<std::pair<std::string, std::string>> moe_cases = {
       {" --model.moe_hidden_dim 15", "moe_hidden_dim (15) must be divisible by tp_size (2)"},
-      {" --parallelism.expert_parallel_degree 2",
-       "expert parallelism borrowing tensor-parallel ranks is not implemented yet"}};
+      {" --parallelism.expert_parallel_degree 4",
+       "dp_shard(1) * cp(1) * tp(2) must be divisible by ep(4)"},
+      {" --parallelism.expert_parallel_degree 2 --parallelism.enable_sequence_parallel false "
+       "--training.seq_len 31 --training.local_batch_size 1",
+       "local_batch_size x seq_len (31) must be divisible by tp_size (2)"}};
   for (const auto& [flags, message] : moe_cases) {
     const ShellRun r = sh(mpirun(2) + job(docs, dir + "/moe", true, 1) +
                           " --parallelism.tensor_parallel_degree 2" + flags);

@@ -1,7 +1,7 @@
 // Expert parallelism's dispatch and combine (train/expert_parallel.h) against the wrapped
 // grouped-experts op on one process over every rank's tokens: the same global problem (seeded,
 // so every rank builds it alike), rank r holding tokens [r·T, (r+1)·T) and experts
-// [r·E/P, (r+1)·E/P).
+// [r·E/P, (r+1)·E/P) (only those experts' weights passed to the op, as the model holds them).
 //
 //  * y, dx, dw (the routing weights' gradient) of this rank's tokens and dw1, dw3, dw2 of its
 //    experts equal the one-process op's within 1e-5 relative plus 1e-6 of the tensor's scale
@@ -80,18 +80,21 @@ struct Result {
   std::vector<float> y, dx, dw, dw1, dw3, dw2;
 };
 
-// Forward and backward of `op` on tokens [t0, t0 + T) of the problem (all experts' weights).
+// Forward and backward of `op` on tokens [t0, t0 + T) of the problem, given the weights from
+// expert e0 on (the one-process op: all of them; under EP: this rank's, as the model holds them)
+// and their gradients' place in the Result's (all experts').
 Result run(const ops::GroupedExpertsOp& op, const Problem& p, int64_t t0, int64_t T,
-           std::vector<float>& saved) {
+           std::vector<float>& saved, int64_t e0 = 0) {
   const ops::ExpertsShape& g = p.s;
+  const int64_t n1 = e0 * g.F * g.D;
   ops::ExpertsArgs ea;
   ea.s = {T, g.D, g.F, g.E, g.K};
   ea.x = p.x.data() + t0 * g.D;
   ea.idx = p.idx.data() + t0 * g.K;
   ea.w = p.w.data() + t0 * g.K;
-  ea.w1 = p.w1.data();
-  ea.w3 = p.w3.data();
-  ea.w2 = p.w2.data();
+  ea.w1 = p.w1.data() + n1;
+  ea.w3 = p.w3.data() + n1;
+  ea.w2 = p.w2.data() + n1;
   saved.assign(static_cast<size_t>(op.saved_floats(ea.s)), 0);
   std::vector<float> scratch(static_cast<size_t>(op.scratch_floats(ea.s)));
   ea.saved = saved.data();
@@ -108,9 +111,9 @@ Result run(const ops::GroupedExpertsOp& op, const Problem& p, int64_t t0, int64_
   eg.dy = p.dy.data() + t0 * g.D;
   eg.dx = r.dx.data();
   eg.dw = r.dw.data();
-  eg.dw1 = r.dw1.data();
-  eg.dw3 = r.dw3.data();
-  eg.dw2 = r.dw2.data();
+  eg.dw1 = r.dw1.data() + n1;
+  eg.dw3 = r.dw3.data() + n1;
+  eg.dw2 = r.dw2.data() + n1;
   op.backward(ea, eg);
   return r;
 }
@@ -176,7 +179,7 @@ void check_on(dist::Communicator& c) {
       ep.check({T * P, D, F, E, K});
       const int64_t before = c.bytes_sent();
       std::vector<float> saved;
-      const Result mine = run(ep, p, r * T, T, saved);
+      const Result mine = run(ep, p, r * T, T, saved, r * (E / P));
       const int64_t moved = rows_out(p, r * T, T, r, P) + rows_in(p, r * T, T, r, P);
       EXPECT_EQ(c.bytes_sent() - before, moved * (2 * D + 1) * 4 + (P - 1) * (E / P) * 8) << what;
       compare(what, mine, one, p, r * T, T, r, P);
@@ -200,9 +203,10 @@ void check_on(dist::Communicator& c) {
     ea.x = p.x.data() + r * T * D;
     ea.idx = p.idx.data() + r * T * K;
     ea.w = p.w.data() + r * T * K;
-    ea.w1 = p.w1.data();
-    ea.w3 = p.w3.data();
-    ea.w2 = p.w2.data();
+    const int64_t n1 = r * (E / P) * F * D;  // this rank's experts
+    ea.w1 = p.w1.data() + n1;
+    ea.w3 = p.w3.data() + n1;
+    ea.w2 = p.w2.data() + n1;
     saved.assign(static_cast<size_t>(ep.saved_floats(ea.s)), 0);
     ea.saved = saved.data();
     return ea;
@@ -228,9 +232,10 @@ void check_on(dist::Communicator& c) {
       g.dy = p.dy.data() + r * T * D;
       g.dx = m.dx.data();
       g.dw = m.dw.data();
-      g.dw1 = m.dw1.data();
-      g.dw3 = m.dw3.data();
-      g.dw2 = m.dw2.data();
+      const int64_t n1 = r * (E / P) * F * D;
+      g.dw1 = m.dw1.data() + n1;
+      g.dw3 = m.dw3.data() + n1;
+      g.dw2 = m.dw2.data() + n1;
       return g;
     };
     op1.backward(eb, grads(b, mb));

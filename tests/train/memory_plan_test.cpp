@@ -169,7 +169,8 @@ TEST(MemoryPlan, LayoutsThatDoNotDivideTheModel) {
 }
 
 // Tensor parallelism trains (tests/dist/tensor_parallel_test.cpp); what it does not implement
-// yet is refused with one line: context parallelism, and EP borrowing tensor-parallel ranks.
+// yet is refused with one line: context parallelism, and EP borrowing part of a tensor-parallel
+// group (EP takes whole tp groups: expert_tensor_parallel_degree 1).
 TEST(MemoryPlan, TrainingRefusesWhatIsNotImplementedWithOneLine) {
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("qwen3_debugmodel");
@@ -182,8 +183,12 @@ TEST(MemoryPlan, TrainingRefusesWhatIsNotImplementedWithOneLine) {
       << e;
   c.parallelism.context_parallel_degree = 1;
   c.parallelism.expert_parallel_degree = 2;
-  e = error_of([&] { dist::ParallelDims::from_config(c, 2); });
-  EXPECT_NE(e.find("expert parallelism borrowing tensor-parallel ranks is not implemented yet"),
+  EXPECT_EQ(dist::ParallelDims::from_config(c, 2).describe(), "TP 2 (SP) x EP 2");
+  EXPECT_EQ(dist::ParallelDims::from_config(c, 4).describe(), "FSDP 2 x TP 2 (SP) x EP 2");
+  c.parallelism.expert_parallel_degree = 3;  // dp_shard 3 x tp 2 = 6 ranks, 3 of them per group
+  e = error_of([&] { dist::ParallelDims::from_config(c, 6); });
+  EXPECT_NE(e.find("parallelism.expert_parallel_degree 3 must be a multiple of "
+                   "tensor_parallel_degree 2"),
             std::string::npos)
       << e;
 }

@@ -70,11 +70,13 @@ ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t wor
                         g.what +
                         " is not implemented yet for training; use data parallelism "
                         "(data_parallel_shard_degree / data_parallel_replicate_degree)");
-  check(d.tp == 1 || d.ep == 1,
+  // EP borrows whole tp groups (expert_tensor_parallel_degree 1: the experts are not split
+  // over tp).
+  check(d.tp == 1 || d.ep == 1 || d.ep % d.tp == 0,
         "parallelism.expert_parallel_degree " + std::to_string(d.ep) +
-            " with tensor_parallel_degree " + std::to_string(d.tp) +
-            ": expert parallelism borrowing tensor-parallel ranks is not implemented yet; use "
-            "one of the two");
+            " must be a multiple of tensor_parallel_degree " + std::to_string(d.tp) +
+            " (expert parallelism borrows whole tensor-parallel groups; "
+            "expert_tensor_parallel_degree is 1)");
   return d;
 }
 
@@ -103,9 +105,12 @@ Meshes make_meshes(const ParallelDims& d, Communicator& world) {
   m.fsdp = world.split(rep * tp + t, shard);
   m.replicate = world.split(shard * tp + t, rep);
   m.tp = world.split(q, t);
-  // EP borrows consecutive ranks of the shard group (torchtitan's dp_shard_in_ep).
-  const int ep = static_cast<int>(d.ep);
-  m.ep = world.split((rep * static_cast<int>(d.dp_shard) / ep + shard / ep) * tp + t, shard % ep);
+  // EP borrows consecutive ranks of the replica's [dp_shard, tp] grid (torchtitan's
+  // dp_shard_in_ep × tp); efsdp joins the ranks of the grid at the same place of their ep group.
+  const int ep = static_cast<int>(d.ep), grid = static_cast<int>(d.dp_shard) * tp;
+  const int i = shard * tp + t;  // this rank in its replica's grid
+  m.ep = world.split(rep * (grid / ep) + i / ep, i % ep);
+  m.efsdp = world.split(rep * ep + i % ep, i / ep);
   m.batch_rank = q;
   m.fsdp_rank = shard;
   m.replicate_rank = rep;

@@ -50,11 +50,13 @@ struct ParallelDims {
 // loss), `fsdp` (the ranks sharing one replica's shards) and `replicate` (the ranks holding the
 // same shard in different replicas).
 struct Meshes {
-  // ep: the expert-parallel group (ep consecutive ranks of the shard group; a group of one
-  // without EP).
+  // ep: the expert-parallel group (ep consecutive ranks of the replica's [dp_shard, tp] grid; a
+  // group of one without EP).
   // tp: the tensor-parallel group (tp consecutive ranks, reading the same data; a group of one
   // without TP). batch, fsdp and replicate join the ranks of the same tp_rank.
-  std::unique_ptr<Communicator> batch, fsdp, replicate, ep, tp;
+  // efsdp: the ranks sharding the same experts under EP (torchtitan's efsdp mesh:
+  // dp_shard·tp/ep ranks, the same place in their ep groups); unused without EP.
+  std::unique_ptr<Communicator> batch, fsdp, replicate, ep, tp, efsdp;
   int64_t batch_rank = 0, fsdp_rank = 0, replicate_rank = 0, tp_rank = 0;
 };
 Meshes make_meshes(const ParallelDims& d, Communicator& world);

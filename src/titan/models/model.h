@@ -32,6 +32,7 @@ struct ParamInfo {
   // split_dim -1: the whole tensor.
   int split_dim = -1;
   int64_t local_begin = 0, local_len = 0;
+  bool split_over_ep = false;  // the slice is of the ep ranks (the experts), not the tp ranks
   // The module's tensor/expert-parallel placement (torchtitan's sharding plan, as data; the
   // model runs unsharded): replicated; column-wise (dim 0 split over the tp ranks: wq, wk, wv,
   // w1, w3, the vocab of the embedding and lm_head); row-wise (dim 1: wo, w2); experts (dim 0,

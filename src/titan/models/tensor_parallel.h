@@ -20,6 +20,12 @@ struct TpSlice {
   int rank = 0, size = 1;
   bool sequence_parallel = false;
   bool active() const { return size > 1; }
+  // Expert parallelism (torchtitan's ExpertParallel, expert_tensor_parallel_degree 1): the routed
+  // experts of every MoE layer split over ep_size ranks, rank ep_rank holding experts
+  // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size) whole (not split over tp); the trainer's dispatch
+  // (train/expert_parallel.h) brings them their tokens.
+  int ep_rank = 0, ep_size = 1;
+  bool ep_active() const { return ep_size > 1; }
 };
 
 // Rows [begin, begin + rows) of n split over P ranks as torch's Shard chunks them.
@@ -40,6 +46,7 @@ class TpHooks {
   // x[0:n] summed (or maxed) over the group, in place.
   virtual void all_reduce(float* x, int64_t n) = 0;
   virtual void all_reduce_max(float* x, int64_t n) = 0;
+  virtual void all_reduce_f64(double* x, int64_t n) = 0;
   // out[P·n] ← every rank's in[n], in rank order.
   virtual void all_gather(const float* in, float* out, int64_t n) = 0;
   // out[n] ← Σ over ranks of their in[rank·n, (rank+1)·n) (in: P·n values).

@@ -81,19 +81,12 @@ void check_split(const ops::ExpertsShape& s, int P) {
 // The local op's arguments: this rank's experts and the rows it received.
 ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& sh) {
   const ops::ExpertsShape& s = ea.s;
-  const int P = sh.group->size(), r = sh.group->rank();
-  const int64_t El = s.E / P, per1 = s.F * s.D, per2 = s.D * s.F;
-  ops::ExpertsArgs la;
+  const int64_t El = s.E / sh.group->size();
+  ops::ExpertsArgs la = ea;  // the weights: this rank's experts (the model's slice)
   la.s = {st.R, s.D, s.F, El, 1};
   la.x = st.x_in.data();
   la.idx = st.idx_in.data();
   la.w = st.w_in.data();
-  la.w1 = ea.w1 ? ea.w1 + r * El * per1 : nullptr;
-  la.w3 = ea.w3 ? ea.w3 + r * El * per1 : nullptr;
-  la.w2 = ea.w2 ? ea.w2 + r * El * per2 : nullptr;
-  la.w1_bf16 = ea.w1_bf16 ? ea.w1_bf16 + r * El * per1 : nullptr;
-  la.w3_bf16 = ea.w3_bf16 ? ea.w3_bf16 + r * El * per1 : nullptr;
-  la.w2_bf16 = ea.w2_bf16 ? ea.w2_bf16 + r * El * per2 : nullptr;
   la.saved = at_least(st.saved, sh.local.saved_floats(la.s));
   la.scratch = at_least(sh.buf->scratch, sh.local.scratch_floats(la.s));
   return la;
@@ -174,9 +167,9 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
 void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& eg) {
   const ops::ExpertsShape& s = ea.s;
   dist::Communicator& g = *sh.group;
-  const int P = g.size(), r = g.rank();
+  const int P = g.size();
   check_split(s, P);
-  const int64_t El = s.E / P, D = s.D, N = s.T * s.K, W = D + 1;
+  const int64_t D = s.D, N = s.T * s.K, W = D + 1;
   auto it = sh.layers.find(ea.saved);
   check(it != sh.layers.end() && static_cast<int64_t>(it->second.slot.size()) == N,
         "expert parallelism: backward without the forward of the same layer and tokens");
@@ -197,15 +190,11 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
   float* dx_in = at_least(sh.buf->out, R * W);
   if (R > 0) {
     const ops::ExpertsArgs la = local_args(ea, st, sh);
-    const int64_t per1 = s.F * s.D, per2 = s.D * s.F;
     float* dx = at_least(sh.buf->dx, R * D);
-    ops::ExpertsGrads lg;
+    ops::ExpertsGrads lg = eg;  // the weight gradients: this rank's experts'
     lg.dy = dy_in;
     lg.dx = dx;
     lg.dw = at_least(sh.buf->dw_in, R);
-    lg.dw1 = eg.dw1 ? eg.dw1 + r * El * per1 : nullptr;
-    lg.dw3 = eg.dw3 ? eg.dw3 + r * El * per1 : nullptr;
-    lg.dw2 = eg.dw2 ? eg.dw2 + r * El * per2 : nullptr;
     timed(sh.buf->seconds.experts, [&] { sh.local.backward(la, lg); });
     for (int64_t k = 0; k < R; ++k) {
       std::memcpy(dx_in + k * W, dx + k * D, sizeof(float) * static_cast<size_t>(D));

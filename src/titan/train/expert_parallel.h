@@ -6,8 +6,9 @@
 // keeps working under EP: the kernel only ever sees this rank's experts and the rows sent to
 // them.
 //
-// forward(x[T,D], idx[T,K], w[T,K]) → y[T,D], with the op's weights w1[E,F,D], w3[E,F,D],
-// w2[E,D,F] of which only this rank's experts are read:
+// forward(x[T,D], idx[T,K], w[T,K]) → y[T,D], ExpertsShape::E the layer's experts and the
+// weights those of this rank's E/P experts alone, w1[E/P,F,D], w3[E/P,F,D], w2[E/P,D,F] (a model
+// built for its ep slice, models/tensor_parallel.h, holds only those):
 //   1. each routed row (t, j), j < K, goes to the rank owning expert idx[t,j]: the rows sorted
 //      by (destination rank, expert, t, j); the counts per expert exchanged (all-to-all of P·E/P
 //      int64), then the rows [x[t] | w[t,j]] (all-to-all(v), D + 1 floats a row);
@@ -17,8 +18,8 @@
 //      j in order.
 // backward(dy[T,D]) → dx[T,D], dw[T,K] (written), dw1/dw3/dw2 of this rank's experts (+=):
 //   the rows dy[t] go to the experts' ranks (D floats), the wrapped op's backward gives their
-//   input and routing-weight gradients (and the expert weight gradients, summed over every
-//   rank's tokens), which come back as [dx' | dw'] (D + 1 floats): dx[t] = Σ_j dx'[t,j],
+//   input and routing-weight gradients (and this rank's experts' weight gradients, summed over
+//   every rank's tokens), which come back as [dx' | dw'] (D + 1 floats): dx[t] = Σ_j dx'[t,j],
 //   dw[t,j] = dw'[t,j].
 // So one layer moves the routed rows four times (two all-to-alls forward, two backward), D
 // floats each plus the routing weight and its gradient, and the per-expert counts: the

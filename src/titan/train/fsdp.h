@@ -43,12 +43,19 @@ class Fsdp final : public models::ParamHooks {
  public:
   // reshard_after_forward: the config's "default" | "always" | "never"; bf16_gather: gathers
   // move bf16 (mixed_precision_param bfloat16).
+  // expert_group: torchtitan's efsdp mesh under expert parallelism, over which the parameters
+  // split over the ep ranks (ParamInfo::split_over_ep: each rank's own experts) are sharded
+  // instead, as one piece of their unit gathered and reduced beside the rest; null: everything
+  // over group.
   Fsdp(models::Model& model, dist::Communicator& group, const std::string& reshard_after_forward,
-       bool bf16_gather = false);
+       bool bf16_gather = false, dist::Communicator* expert_group = nullptr);
 
   // The segments of the flat buffer that rank r of the group owns (its shard buffers concatenate
-  // them): for the checkpoint index and the optimizer-state load.
-  const std::vector<ckpt::Segments>& shards() const { return shards_; }
+  // them): for the checkpoint index and the optimizer-state load. Only where every parameter is
+  // sharded over group (throws titan::Error otherwise).
+  const std::vector<ckpt::Segments>& shards() const;
+  // This rank's segments, in the order its shard buffers concatenate them.
+  const ckpt::Segments& own_segments() const { return own_; }
   int64_t shard_len() const { return shard_len_; }
   float* master() { return master_.data(); }
   float* grad_shard() { return grad_shard_.data(); }
@@ -63,7 +70,7 @@ class Fsdp final : public models::ParamHooks {
   void init_unit_by_unit(uint64_t seed);
   // Unit u alone, just loaded whole into the model (a checkpoint read unit by unit): keep this
   // rank's block, give the rest back.
-  void take_unit(int64_t u) { take_unit(units_[static_cast<size_t>(u)]); }
+  void take_unit(int64_t u);
   void begin_step() { grad_shard_.zero(); }
   // The last gradient reduce-scatter finished: grad_shard() complete.
   void finish_grads();
@@ -96,7 +103,11 @@ class Fsdp final : public models::ParamHooks {
   void grads_ready(int64_t u) override;
 
  private:
-  struct Unit {
+  // A run of one unit's flat range sharded over one group (a unit is one piece, or two under
+  // expert parallelism: its experts over the efsdp group).
+  struct Piece {
+    int64_t unit = 0;
+    dist::Communicator* group = nullptr;
     int64_t begin = 0, len = 0;
     std::vector<int64_t> counts;  // every rank's block length
     int64_t own = 0;              // this rank's block: flat offset begin + rank · block
@@ -107,22 +118,32 @@ class Fsdp final : public models::ParamHooks {
     std::unique_ptr<dist::Request> gathering;
     int stage = -1;  // the bf16 staging buffer it is gathered in
   };
-  void reshard(Unit& u);
-  void take_unit(Unit& u);
-  void start_gather(Unit& u);
-  void finish_gather(Unit& u);
+  struct Reducing {
+    size_t piece = 0;
+    int64_t scratch = 0;  // where its block lands in scratch_
+  };
+  int64_t units() const { return static_cast<int64_t>(first_piece_.size()) - 1; }
+  std::vector<Piece*> unit(int64_t i);
+  const Piece& first(int64_t i) const;
+  int64_t mine(const Piece& u) const;
+  void reshard(Piece& u);
+  void take_piece(Piece& u);
+  void start_gather(Piece& u);
+  void finish_gather(Piece& u);
   void prefetch(int64_t u);
   void wait(dist::Request& r);  // counts the seconds it took and the part waited for
 
   models::Model& model_;
   dist::Communicator& group_;
-  std::vector<Unit> units_;
+  std::vector<Piece> pieces_;
+  std::vector<size_t> first_piece_;  // unit i: pieces [first_piece_[i], first_piece_[i+1])
   std::vector<ckpt::Segments> shards_;
+  ckpt::Segments own_;
   bool tied_ = false;  // lm_head is the embedding's storage (unit 0 is in the head's group)
+  bool one_group_ = true;
   int64_t shard_len_ = 0, largest_unit_ = 0;
-  Buffer<float> master_, grad_shard_, scratch_;  // scratch_: one reduce-scattered block
-  std::unique_ptr<dist::Request> reducing_;      // unit reducing_unit_'s, into scratch_
-  int64_t reducing_unit_ = -1;
+  Buffer<float> master_, grad_shard_, scratch_;  // scratch_: one unit's reduce-scattered blocks
+  std::vector<std::pair<Reducing, std::unique_ptr<dist::Request>>> reducing_;  // in flight
   bool backward_follows_ = false, head_done_ = false;  // of the pass under way
   bool bf16_ = false, exact_ = false;                  // exact_: gather_all's fp32 gathers
   std::vector<Buffer<uint16_t>> stages_;               // bf16 gathers in flight, one each

@@ -58,6 +58,11 @@ void TensorParallel::all_reduce_max(float* x, int64_t n) {
   tp_.all_reduce(x, n, dist::ReduceOp::max);
 }
 
+void TensorParallel::all_reduce_f64(double* x, int64_t n) {
+  Timed t{seconds_};
+  tp_.all_reduce(x, n);
+}
+
 void TensorParallel::all_gather(const float* in, float* out, int64_t n) {
   Timed t{seconds_};
   std::memcpy(out + tp_.rank() * n, in, static_cast<size_t>(n) * sizeof(float));
@@ -88,9 +93,9 @@ Strides strides(const models::ParamInfo& p) {
 }
 }  // namespace
 
-void TensorParallel::gather(dist::Communicator& tp, const models::Model& local,
-                            const float* local_buf, const models::Model& full, float* full_buf) {
-  const int P = tp.size();
+void TensorParallel::gather(dist::Communicator& tp, dist::Communicator& ep,
+                            const models::Model& local, const float* local_buf,
+                            const models::Model& full, float* full_buf) {
   const auto whole = by_fqn(full);
   std::vector<float> all;
   for (const auto& p : local.params()) {
@@ -101,23 +106,25 @@ void TensorParallel::gather(dist::Communicator& tp, const models::Model& local,
       std::copy_n(local_buf + p.offset, p.numel, dst);
       continue;
     }
+    dist::Communicator& g = p.split_over_ep ? ep : tp;
+    const int P = g.size();
     std::vector<int64_t> counts(static_cast<size_t>(P));
     int64_t at = 0;
     for (int r = 0; r < P; ++r) {
       counts[static_cast<size_t>(r)] = slice_numel(p, r, P);
-      if (r < tp.rank()) at += counts[static_cast<size_t>(r)];
+      if (r < g.rank()) at += counts[static_cast<size_t>(r)];
     }
     const Strides st = strides(p);
     if (st.outer == 1) {  // rank blocks in order are the row-major tensor
       std::copy_n(local_buf + p.offset, p.numel, dst + at);
-      tp.all_gather(dst, counts);
+      g.all_gather(dst, counts);
       continue;
     }
     // Rank r's block [outer, len_r·inner] goes to [begin_r·inner, (begin_r + len_r)·inner) of
     // each outer index.
     all.assign(static_cast<size_t>(w.numel), 0.0f);
     std::copy_n(local_buf + p.offset, p.numel, all.data() + at);
-    tp.all_gather(all.data(), counts);
+    g.all_gather(all.data(), counts);
     const float* src = all.data();
     for (int r = 0; r < P; ++r) {
       const models::ShardRange c = models::shard_range(st.extent, r, P);
@@ -162,7 +169,7 @@ void TensorParallel::copy_buffers(const models::Model& from, const models::Model
 
 double TensorParallel::theory_bytes(const config::JobConfig& cfg, int64_t P, int64_t layers,
                                     int64_t D, int64_t d, int64_t T, int64_t microbatches,
-                                    int64_t moe_layers, int64_t top_k) {
+                                    const TpMoe& moe) {
   const bool sp = cfg.parallelism.enable_sequence_parallel;
   const double f = static_cast<double>(P - 1) / static_cast<double>(P);
   const double A = f * 4.0 * static_cast<double>(T * D);  // one all-gather / reduce-scatter
@@ -173,19 +180,37 @@ double TensorParallel::theory_bytes(const config::JobConfig& cfg, int64_t P, int
   // norms' all-gathers (sequence parallelism).
   const models::AcPolicy ac = models::AcPolicy::from_config(
       cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  // A local MoE layer (EP over the tp ranks) under SP moves only its attention half.
+  const bool local = moe.ep_local && sp;
+  auto is_moe = [&](int64_t l) {
+    return static_cast<size_t>(l) < moe.is_moe.size() && moe.is_moe[static_cast<size_t>(l)];
+  };
   double recompute = 0;
-  for (int64_t l = 0; l < layers; ++l) recompute += ac.full_block(l) ? block : 0.0;
+  for (int64_t l = 0; l < layers; ++l)
+    recompute += ac.full_block(l) ? (local && is_moe(l) ? block / 2 : block) : 0.0;
   if (ac.mode == models::AcPolicy::Mode::op && sp)
-    recompute = static_cast<double>(layers) * 2.0 * A;
+    recompute = static_cast<double>(2 * layers - (local ? moe.layers : 0)) * A;
+  const double blocks = static_cast<double>(layers) * 2.0 * block -
+                        (local ? static_cast<double>(moe.layers) * block : 0.0);
   // The embedding (forward reduce, backward gather) and the final norm (forward gather,
   // backward reduce): one each way, as a block's single step.
   const double ends = sp ? 4.0 * A : 2.0 * R * static_cast<double>(T * D);
   const double loss = R * 3.0 * static_cast<double>(T);  // max, sum and target logit per token
   const double norms =
       R * (static_cast<double>(layers) * ((sp ? 2.0 * D : 0.0) + 2.0 * d) + (sp ? D : 0.0));
-  const double routing = R * static_cast<double>(moe_layers * T * top_k);
-  return static_cast<double>(microbatches) *
-         (static_cast<double>(layers) * 2.0 * block + recompute + ends + loss + norms + routing);
+  // MoE: with the experts' hidden units split, the routing weights' gradient [T, top_k]; with
+  // local layers the router weight's gradient [E, D] and the aux-loss statistics (2·E doubles
+  // per microbatch), and per step the expert counts (E doubles per layer).
+  const double Rd = 2.0 * f * 8.0;  // an all-reduce, per double
+  const double E = static_cast<double>(moe.experts), ml = static_cast<double>(moe.layers);
+  if (moe.layers > 0)
+    check(static_cast<int64_t>(moe.is_moe.size()) == layers, "TpMoe::is_moe: one entry a layer");
+  const double routing = moe.ep_local
+                             ? R * ml * E * static_cast<double>(D) + (moe.aux ? Rd * 2 * E : 0)
+                             : R * ml * static_cast<double>(T * moe.top_k);
+  const double counts = moe.ep_local ? Rd * ml * E : 0.0;
+  return static_cast<double>(microbatches) * (blocks + recompute + ends + loss + norms + routing) +
+         counts;
 }
 
 }  // namespace titan::train

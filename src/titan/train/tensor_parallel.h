@@ -22,21 +22,32 @@
 
 namespace titan::train {
 
+// The MoE layers of the model, for the volume: how many, top_k routing over `experts`, whether
+// EP runs over the tp ranks (the layers then route their own rows: Qwen3Model::moe_local) and
+// whether the aux loss is on.
+struct TpMoe {
+  int64_t layers = 0, top_k = 0, experts = 0;
+  bool ep_local = false, aux = false;
+  std::vector<bool> is_moe;  // per layer (when layers > 0)
+};
+
 class TensorParallel final : public models::TpHooks {
  public:
   explicit TensorParallel(dist::Communicator& tp) : tp_(tp) {}
 
   void all_reduce(float* x, int64_t n) override;
   void all_reduce_max(float* x, int64_t n) override;
+  void all_reduce_f64(double* x, int64_t n) override;
   void all_gather(const float* in, float* out, int64_t n) override;
   void reduce_scatter(const float* in, float* out, int64_t n) override;
   double seconds() const { return seconds_; }  // in the collectives, since construction
 
   // full_buf (laid out as full.params(), a model built whole) ← the whole tensors of every
   // parameter, from each rank's slices in local_buf (laid out as local.params()); collective
-  // over the group. Any flat buffer of that layout: weights, gradients, AdamW moments.
-  static void gather(dist::Communicator& tp, const models::Model& local, const float* local_buf,
-                     const models::Model& full, float* full_buf);
+  // over the tp group, and the ep group for the experts split over it (ParamInfo::split_over_ep).
+  // Any flat buffer of that layout: weights, gradients, AdamW moments.
+  static void gather(dist::Communicator& tp, dist::Communicator& ep, const models::Model& local,
+                     const float* local_buf, const models::Model& full, float* full_buf);
   // local_buf ← this rank's slices of full_buf (no communication).
   static void slice(const models::Model& local, float* local_buf, const models::Model& full,
                     const float* full_buf);
@@ -46,13 +57,13 @@ class TensorParallel final : public models::TpHooks {
   static void copy_buffers(const models::Model& from, const models::Model& to);
 
   // The bytes one optimizer step of `microbatches` microbatches sends per rank in theory (the
-  // sum above) for a model of `args_layers` dense blocks, dim D, head_dim d, T tokens per
-  // microbatch.
-  // MoE layers (moe_layers of them, top_k routing) add the all-reduce of the routing weights'
-  // gradient [T, top_k] in their backward (the experts' hidden units are split).
+  // sum above) for a model of `layers` blocks, dim D, head_dim d, T tokens per microbatch. MoE
+  // layers with split experts add the all-reduce of the routing weights' gradient [T, top_k] in
+  // their backward; local ones (EP over the tp ranks) skip the FFN's gather and reduce-scatter
+  // under SP and add the reductions of what is partial over the ranks' rows instead (the router
+  // weight's gradient, the aux-loss statistics, the expert counts).
   static double theory_bytes(const config::JobConfig& cfg, int64_t P, int64_t layers, int64_t D,
-                             int64_t d, int64_t T, int64_t microbatches, int64_t moe_layers = 0,
-                             int64_t top_k = 0);
+                             int64_t d, int64_t T, int64_t microbatches, const TpMoe& moe = {});
 
  private:
   const std::vector<int64_t>& counts(int64_t n);  // n for every rank

@@ -159,6 +159,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
           "implemented; train the adapters with data parallelism instead");
     bo.tp = {static_cast<int>(mesh_.tp_rank), static_cast<int>(dims_.tp), dims_.sp};
   }
+  if (dims_.ep > 1) {  // this rank's experts alone (torchtitan shards them over the ep ranks)
+    bo.tp.ep_rank = mesh_.ep->rank();
+    bo.tp.ep_size = static_cast<int>(dims_.ep);
+  }
   model_ = models::build_model(cfg_, bo);
   if (dims_.tp > 1) {
     tp_ = std::make_unique<TensorParallel>(*mesh_.tp);
@@ -186,9 +190,9 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
   const int64_t n = model_->num_params();
   if (dims_.sharded())
-    fsdp_ =
-        std::make_unique<Fsdp>(*model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward,
-                               t.mixed_precision_param == "bfloat16");
+    fsdp_ = std::make_unique<Fsdp>(
+        *model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward,
+        t.mixed_precision_param == "bfloat16", dims_.ep > 1 ? mesh_.efsdp.get() : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len);
   v_.resize(shard_len);
@@ -203,8 +207,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (fsdp_) take_unit = [this](int64_t u) { fsdp_->take_unit(u); };
   const auto& k = cfg_.checkpoint;
   const bool initial = !k.initial_load_path.empty() || k.initial_load_in_hf;
-  if (tp_)  // checkpoints hold whole tensors: read whole, then sliced
-    loaded = load_tensor_parallel();
+  if (sliced())  // checkpoints hold whole tensors: read whole, then sliced
+    loaded = load_sliced();
   else
     loaded = checkpointer_->load(
         *model_, m_.data(), v_.data(),
@@ -213,7 +217,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (rank0()) dist::world().barrier();
   if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
                 // slices), then sharded; under TP both arrive whole in the model's slice
-    if ((!loaded && initial) || (tp_ && loaded))
+    if ((!loaded && initial) || (sliced() && loaded))
       fsdp_->take_params_from_model();
     else if (!loaded)
       fsdp_->init_unit_by_unit(bo.seed);
@@ -223,7 +227,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     std::vector<models::FlatRange> mine;
     int64_t at = 0;
     const ckpt::Segments all{{0, n}};
-    for (const auto& seg : fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : all) {
+    for (const auto& seg : fsdp_ ? fsdp_->own_segments() : all) {
       for (const auto& p : model_->params()) {
         if (p.alias || p.split_dim >= 0) continue;
         const int64_t lo = std::max(p.offset, seg.begin),
@@ -260,8 +264,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                    ? "; disable_loss_parallel is set, but titan computes the same loss without "
                      "gathering the logits"
                    : "") +
-              "); this rank holds " + with_commas(n) +
-              " parameters (its slices and the replicated norms)");
+              "); this rank holds " + with_commas(n) + " parameters (its slices, " +
+              (dims_.ep > 1 ? "its experts " : "") + "and the replicated norms)");
   }
   if (dims_.ep > 1) {
     int64_t E = 0;
@@ -270,9 +274,11 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     const int64_t El = E / dims_.ep, r = mesh_.ep->rank();
     const int64_t groups = dist::world().size() / dims_.ep;
     log::info("Expert parallelism: EP " + std::to_string(dims_.ep) + " (" + std::to_string(groups) +
-              (groups == 1 ? " group" : " groups") + "); this rank runs experts [" +
+              (groups == 1 ? " group" : " groups") + "); this rank holds and runs experts [" +
               std::to_string(r * El) + ", " + std::to_string((r + 1) * El) +
-              ") of every MoE layer on the tokens routed to them by its group (all-to-all)");
+              ") of every MoE layer on the tokens routed to them by its group (all-to-all), " +
+              (fsdp_ ? "sharded over " + std::to_string(mesh_.efsdp->size()) + " rank(s) (efsdp)"
+                     : std::string("unsharded")));
   }
   if (auto& st = loaded) {
     resumed_ = true;
@@ -314,7 +320,7 @@ models::Model& Trainer::whole_model() {
   return *whole_;
 }
 
-std::optional<ckpt::TrainState> Trainer::load_tensor_parallel() {
+std::optional<ckpt::TrainState> Trainer::load_sliced() {
   models::Model& w = whole_model();
   const int64_t N = w.num_params(), n = model_->num_params();
   std::vector<float> wm(static_cast<size_t>(N)), wv(wm.size());
@@ -341,7 +347,7 @@ std::optional<ckpt::TrainState> Trainer::load_tensor_parallel() {
   return st;
 }
 
-void Trainer::save_tensor_parallel(const ckpt::TrainState& st, bool last) {
+void Trainer::save_sliced(const ckpt::TrainState& st, bool last) {
   models::Model& w = whole_model();
   const models::Model& local = *model_;
   const int64_t N = w.num_params(), n = local.num_params();
@@ -357,10 +363,10 @@ void Trainer::save_tensor_parallel(const ckpt::TrainState& st, bool last) {
     m = lm.data();
     v = lv.data();
   }
-  TensorParallel::gather(*mesh_.tp, local, local.param_data(), w, w.param_data());
+  TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, local.param_data(), w, w.param_data());
   TensorParallel::copy_buffers(local, w);
-  TensorParallel::gather(*mesh_.tp, local, m, w, wm.data());
-  TensorParallel::gather(*mesh_.tp, local, v, w, wv.data());
+  TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, m, w, wm.data());
+  TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, v, w, wv.data());
   if (fsdp_) fsdp_->reshard_all();
   if (rank0()) checkpointer_->maybe_save(st, last, w, wm.data(), wv.data());
   whole_.reset();
@@ -370,7 +376,10 @@ StepResult Trainer::step() {
   const auto& t = cfg_.training;
   const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   StepResult r;
-  const int64_t sent0 = mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent();
+  auto dp_sent = [this] {  // the gradients' and parameters' collectives (experts: efsdp's)
+    return mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() + mesh_.efsdp->bytes_sent();
+  };
+  const int64_t sent0 = dp_sent();
   const int64_t ep0 = mesh_.ep->bytes_sent(), tp0 = mesh_.tp->bytes_sent();
   const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
   const DispatchSeconds ep_t0 = ep_buffers_ ? dispatch_seconds(*ep_buffers_) : DispatchSeconds{};
@@ -415,12 +424,15 @@ StepResult Trainer::step() {
   }
   for (const auto& load : model_->expert_load()) {
     mesh_.batch->all_reduce(load.tokens->data(), static_cast<int64_t>(load.tokens->size()));
+    // EP over the tp ranks: each routed its own rows (Qwen3Model::moe_local).
+    if (dims_.tp > 1 && dims_.ep > 1)
+      mesh_.tp->all_reduce(load.tokens->data(), static_cast<int64_t>(load.tokens->size()));
     r.expert_load.push_back({load.layer,
                              *std::min_element(load.tokens->begin(), load.tokens->end()),
                              *std::max_element(load.tokens->begin(), load.tokens->end())});
   }
   reduce_and_update(r);
-  step_comm_bytes_ += mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() - sent0;
+  step_comm_bytes_ += dp_sent() - sent0;
   ep_comm_bytes_ += mesh_.ep->bytes_sent() - ep0;
   tp_comm_bytes_ += mesh_.tp->bytes_sent() - tp0;
   if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
@@ -562,8 +574,8 @@ void Trainer::maybe_checkpoint() {
   if (dims_.batch() > 1)
     st.dataloader = {{"dp_world", dims_.batch()},
                      {"dp_ranks", gather_json(*mesh_.batch, st.dataloader)}};
-  if (tp_) {  // the whole model (every slice gathered) in the one-process layout, by rank 0
-    save_tensor_parallel(st, last);
+  if (sliced()) {  // the whole model (every slice gathered) in the one-process layout, by rank 0
+    save_sliced(st, last);
     dist::world().barrier();
     return;
   }
@@ -727,14 +739,20 @@ void Trainer::train() {
                 p.fqn.compare(p.fqn.size() - tail.size(), tail.size(), tail) == 0;
     }
     const double steps = static_cast<double>(step_ - first_step_);
-    int64_t moe_layers = 0, top_k = 0;  // the routing weights' shape [T, top_k]
+    TpMoe moe;  // the routing weights' shape [T, top_k], the gate's [E, D]
+    moe.is_moe.assign(static_cast<size_t>(layers), false);
     for (const auto& p : model_->params())
-      moe_layers += p.fqn.find(".moe.router.gate.") != std::string::npos;
+      if (p.fqn.find(".moe.router.gate.") != std::string::npos) {
+        ++moe.layers;
+        moe.experts = p.shape[0];
+        moe.is_moe[std::stoul(p.fqn.substr(7))] = true;  // "layers.<l>.moe..."
+      }
     for (const auto& e : model_->activation_table())
-      if (e.name.find("moe.router.weights") != std::string::npos) top_k = e.shape[1];
-    const double theory =
-        TensorParallel::theory_bytes(cfg_, dims_.tp, layers, D, d, t.local_batch_size * t.seq_len,
-                                     grad_accum_, moe_layers, top_k);
+      if (e.name.find("moe.router.weights") != std::string::npos) moe.top_k = e.shape[1];
+    moe.ep_local = dims_.ep > 1;
+    moe.aux = model_->aux_loss_coef().has_value();
+    const double theory = TensorParallel::theory_bytes(
+        cfg_, dims_.tp, layers, D, d, t.local_batch_size * t.seq_len, grad_accum_, moe);
     const double sent = static_cast<double>(tp_comm_bytes_) / steps;
     char buf[320];
     std::snprintf(buf, sizeof buf,

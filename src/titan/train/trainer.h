@@ -84,10 +84,13 @@ class Trainer {
   double tp_seconds_ = 0;
   std::vector<models::FlatRange> replicated_;
   models::Model& whole_model();
-  // The checkpoint (or initial weights) into the whole model, then this rank's slices of the
-  // weights and moments; and the save: every slice gathered, rank 0 writes the whole model.
-  std::optional<ckpt::TrainState> load_tensor_parallel();
-  void save_tensor_parallel(const ckpt::TrainState& st, bool last);
+  // A model built for a slice of the layout (tensor parallelism, or expert parallelism's own
+  // experts): the checkpoint (or initial weights) into the whole model, then this rank's slices
+  // of the weights and moments; and the save: every slice gathered, rank 0 writes the whole
+  // model.
+  bool sliced() const { return dims_.tp > 1 || dims_.ep > 1; }
+  std::optional<ckpt::TrainState> load_sliced();
+  void save_sliced(const ckpt::TrainState& st, bool last);
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;

@@ -58,7 +58,14 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
   ParamInfo p;
   p.fqn = fqn;
   p.shape = std::move(shape);
-  if (tp_.active() && split >= 0) {
+  const bool experts = fqn.find(".moe.experts.") != std::string::npos;
+  if (experts && tp_.ep_active()) {  // whole experts of this ep rank (dimension 0)
+    const models::ShardRange r = models::shard_range(p.shape[0], tp_.ep_rank, tp_.ep_size);
+    p.split_dim = 0;
+    p.local_begin = r.begin;
+    p.local_len = r.rows;
+    p.split_over_ep = true;
+  } else if (tp_.active() && split >= 0) {
     const models::ShardRange r =
         models::shard_range(p.shape[static_cast<size_t>(split)], tp_.rank, tp_.size);
     p.split_dim = split;
@@ -102,15 +109,17 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   if (tp_.active()) {  // the spec checked these with torchtitan's words; a direct caller too
     const bool dense = a_.n_moe_layers() < a_.n_layers;
     check(a_.n_heads % tp_.size == 0 && a_.n_kv_heads % tp_.size == 0 &&
-              (!dense || F % tp_.size == 0) && Fm % tp_.size == 0,
+              (!dense || F % tp_.size == 0) && (tp_.ep_active() || Fm % tp_.size == 0),
           "tensor parallelism needs n_heads, n_kv_heads, hidden_dim and moe_hidden_dim divisible "
           "by the degree");
     check(!tp_.sequence_parallel || max_tokens_ % tp_.size == 0,
           "sequence parallelism needs the tokens per microbatch divisible by the degree");
   }
+  check(!tp_.ep_active() || (a_.is_moe() && E % tp_.ep_size == 0),
+        "expert parallelism needs a MoE model whose num_experts the degree divides");
   const int64_t P = tp_.size;
   hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
-  qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = Fm / P;
+  qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = tp_.ep_active() ? Fm : Fm / P;
   const models::ShardRange vs = models::shard_range(V, tp_.rank, tp_.size);
   v0_ = vs.begin, vl_ = vs.rows;
 
@@ -455,15 +464,35 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
   }
   linear(s.o, w.wo, tmp_, T, Q, D);
   be_.add(s.x, reduce_partial(tmp_, T), s.hmid, Tl * D);
-  norm_gathered(Tl, s.hmid, w.ffn_norm, s.xn2, s.rstd2);
+  ffn_norm(l, Tl, s);
+  const bool local = w.moe >= 0 && moe_local();
   if (w.moe >= 0) {
-    moe_forward(l, T, tmp_, count);
+    const Rows m = moe_rows(T);
+    if (local && !tp_.sequence_parallel) be_.memset(tmp_, 0, sizeof(float) * T * D);
+    moe_forward(l, m, tmp_ + m.begin * D, count);
   } else {
     linear(s.xn2, w.w13, s.ab, T, D, 2 * F);
     be_.swiglu_fwd(s.ab, s.g, T, F);
     linear(s.g, w.w2, tmp_, T, F, D);
   }
-  be_.add(s.hmid, reduce_partial(tmp_, T), out, Tl * D);
+  // A local MoE layer under SP computed this rank's rows whole.
+  be_.add(s.hmid, local && tp_.sequence_parallel ? tmp_ : reduce_partial(tmp_, T), out, Tl * D);
+}
+
+Qwen3Model::Rows Qwen3Model::moe_rows(int64_t T) const {
+  if (!moe_local()) return {0, T};
+  if (tp_.sequence_parallel) return {0, local_tokens(T)};
+  const int64_t n = T / tp_.size;  // T % tp checked with the layout
+  return {tp_.rank * n, n};
+}
+
+void Qwen3Model::ffn_norm(int64_t l, int64_t Tl, Saved& s) {
+  const Layer& w = layers_[l];
+  if (w.moe >= 0 && moe_local() && tp_.sequence_parallel)
+    be_.rmsnorm_fwd({Tl, 1, a_.dim, a_.dim, a_.dim}, s.hmid, params_buf_.data() + w.ffn_norm,
+                    a_.norm_eps, s.xn2, s.rstd2);
+  else
+    norm_gathered(Tl, s.hmid, w.ffn_norm, s.xn2, s.rstd2);
 }
 
 void Qwen3Model::norm_gathered(int64_t Tl, const float* x, int64_t w, float* out, float* rstd) {
@@ -567,7 +596,7 @@ void Qwen3Model::recompute_cheap(int64_t l, const Batch& b) {
   be_.rmsnorm_fwd({T, Hkv, d, QKV, KV}, s.qkv + Q, P + w.k_norm, eps, s.kr, s.rstd_k);
   call_rope(l, true, s.qr, b, Hq, Q);
   call_rope(l, true, s.kr, b, Hkv, KV);
-  norm_gathered(Tl, s.hmid, w.ffn_norm, s.xn2, s.rstd2);
+  ffn_norm(l, Tl, s);
   if (w.moe < 0) be_.swiglu_fwd(s.ab, s.g, T, F);
 }
 
@@ -590,17 +619,20 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   auto norm_grad = [&](int64_t off, int64_t slot) {
     return tp_norms ? tp_gnorm_.data() + slot : grad_at(off);
   };
+  const bool local = w.moe >= 0 && moe_local();
   if (w.moe >= 0) {
-    // out = hmid + moe(norm(hmid))
-    moe_backward(l, T, gathered_grad(T), dxn_);
+    // out = hmid + moe(norm(hmid)); a local layer: this rank's rows (the others' dxn zero)
+    const Rows m = moe_rows(T);
+    if (local && !tp_.sequence_parallel) be_.memset(dxn_, 0, sizeof(float) * T * D);
+    moe_backward(l, m, local ? dx_ + m.begin * D : gathered_grad(T), dxn_ + m.begin * D);
   } else {
     // out = hmid + w2·swiglu(w13·norm(hmid))
     linear_back(gathered_grad(T), s.g, w.w2, dg_, T, F, D);
     be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
     linear_back(dab_, s.xn2, w.w13, dxn_, T, D, 2 * F);
   }
-  be_.rmsnorm_bwd(rows, reduced_grad(T), s.hmid, P + w.ffn_norm, s.rstd2, tmp_,
-                  norm_grad(w.ffn_norm, D), norm_scratch_);
+  be_.rmsnorm_bwd(rows, local && tp_.sequence_parallel ? dxn_ : reduced_grad(T), s.hmid,
+                  P + w.ffn_norm, s.rstd2, tmp_, norm_grad(w.ffn_norm, D), norm_scratch_);
   be_.add_inplace(dx_, tmp_, Tl * D);
   // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
   linear_back(gathered_grad(T), s.o, w.wo, do_, T, Q, D);
@@ -664,7 +696,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     acquire(l + 1, false);
     layer_forward(l, b, l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_, backward);
     release(l + 1, false);
-    if (aux && layers_[l].moe >= 0) aux_accumulate(l, T);
+    if (aux && layers_[l].moe >= 0) aux_accumulate(l, moe_rows(T).n);
   }
   if (aux) aux_finish(T, backward, aux_weight);
   acquire(head, false);
@@ -921,13 +953,13 @@ void Qwen3Model::call_rope(int64_t layer, bool forward, float* x, const Batch& b
   });
 }
 
-ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, int64_t T) {
+ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, const Rows& m) {
   const Layer& w = layers_[l];
   const Saved& s = saved_[l];
   const float* P = params_buf_.data();
   ops::ExpertsArgs ea;
-  ea.s = {T, a_.dim, fm_, a_.num_experts, a_.top_k};
-  ea.x = s.xn2;
+  ea.s = {m.n, a_.dim, fm_, a_.num_experts, a_.top_k};
+  ea.x = s.xn2 + m.begin * a_.dim;
   ea.idx = s.idx;
   ea.w = s.rw;
   ea.w1 = P + w.ew1;
@@ -944,26 +976,26 @@ ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, int64_t T) {
 }
 
 // y = Σ_j w[t,j]·expert_{idx[t,j]}(xn2[t]) with (idx, w) from the router on xn2.
-void Qwen3Model::moe_forward(int64_t l, int64_t T, float* y, bool count) {
+void Qwen3Model::moe_forward(int64_t l, const Rows& m, float* y, bool count) {
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
-  const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k;
-  be_.linear_fwd(s.xn2, params_buf_.data() + w.gate, dlogits_, T, D, E);  // router logits
+  const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k, T = m.n;
+  be_.linear_fwd(s.xn2 + m.begin * D, params_buf_.data() + w.gate, dlogits_, T, D, E);  // logits
   const float* bias = a_.load_balance_coeff > 0 ? expert_bias_.data() + w.moe * E : nullptr;
   be_.router_fwd(dlogits_, bias, T, E, K, a_.norm_topk_prob, s.probs, s.idx, s.rw);
   if (count) be_.count_experts(s.idx, T, K, E, load_[static_cast<size_t>(w.moe)].data());
   const ops::GroupedExpertsOp& op = experts_ops_[l];
-  const ops::ExpertsArgs ea = experts_args(l, T);
+  const ops::ExpertsArgs ea = experts_args(l, m);
   guarded("Experts", op.name, true, l, [&] { op.forward(ea, y); });
 }
 
 // Backward of moe_forward: dxn (written) from dy; gate and expert gradients accumulate.
-void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn) {
+void Qwen3Model::moe_backward(int64_t l, const Rows& m, const float* dy, float* dxn) {
   const Layer& w = layers_[l];
   const Saved& s = saved_[l];
-  const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k;
+  const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k, T = m.n;
   const ops::GroupedExpertsOp& op = experts_ops_[l];
-  const ops::ExpertsArgs ea = experts_args(l, T);
+  const ops::ExpertsArgs ea = experts_args(l, m);
   ops::ExpertsGrads eg;
   eg.dy = dy;
   eg.dx = dxn;
@@ -975,12 +1007,24 @@ void Qwen3Model::moe_backward(int64_t l, int64_t T, const float* dy, float* dxn)
   // Tensor parallelism: the experts' hidden units are split, so their outputs' and dxn's parts
   // are partial sums and so is the routing weights' gradient: summed here, the router's backward
   // is whole (and the same) on every rank; its input gradient joins dxn's partial sum on rank 0
-  // alone, so the group's reduction of dxn counts it once.
-  if (tp_.active()) tp_hooks_->all_reduce(dw_route_, T * K);
+  // alone, so the group's reduction of dxn counts it once. A local layer (moe_local) has whole
+  // experts and its own rows: everything is whole but the gate's weight gradient, which sums
+  // this rank's rows and is summed over the group.
+  const bool local = moe_local();
+  if (tp_.active() && !local) tp_hooks_->all_reduce(dw_route_, T * K);
   be_.router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
                  E, K, a_.norm_topk_prob, dlogits_);
-  be_.linear_bwd(dlogits_, s.xn2, params_buf_.data() + w.gate, tp_.rank == 0 ? dxn : nullptr,
-                 grad_at(w.gate), T, D, E, /*dx_accumulate=*/true);
+  float* dgate = grad_at(w.gate);
+  if (local && dgate) {
+    tp_ggate_.assign(static_cast<size_t>(E * D), 0.0f);
+    dgate = tp_ggate_.data();
+  }
+  be_.linear_bwd(dlogits_, s.xn2 + m.begin * D, params_buf_.data() + w.gate,
+                 tp_.rank == 0 || local ? dxn : nullptr, dgate, T, D, E, /*dx_accumulate=*/true);
+  if (local && dgate) {
+    tp_hooks_->all_reduce(dgate, E * D);
+    be_.add_inplace(grad_at(w.gate), dgate, E * D);
+  }
 }
 
 // HF load_balancing_loss_func over all MoE layers' router probabilities P (pooled, N = layers·T
@@ -1000,6 +1044,10 @@ void Qwen3Model::aux_accumulate(int64_t l, int64_t T) {
 
 void Qwen3Model::aux_finish(int64_t T, bool backward, float aux_weight) {
   const int64_t E = a_.num_experts;
+  if (moe_local()) {  // each rank's statistics are of its rows: summed over the group
+    tp_hooks_->all_reduce_f64(aux_hits_.data(), E);
+    tp_hooks_->all_reduce_f64(aux_psum_.data(), E);
+  }
   const std::vector<double>& hits = aux_hits_;
   const std::vector<double>& psum = aux_psum_;
   const double N = static_cast<double>(load_.size()) * static_cast<double>(T);

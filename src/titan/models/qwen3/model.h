@@ -167,9 +167,25 @@ class Qwen3Model final : public models::Model {
     float *probs = nullptr, *rw = nullptr, *experts = nullptr;  // MoE: router p, weights, op state
     int32_t* idx = nullptr;
   };
-  ops::ExpertsArgs experts_args(int64_t l, int64_t T);
-  void moe_forward(int64_t l, int64_t T, float* y, bool count);
-  void moe_backward(int64_t l, int64_t T, const float* dy, float* dxn);
+  // Expert parallelism over the tp ranks (tp_.active() and tp_.ep_active(), torchtitan's EP
+  // borrowing TP ranks with expert_tensor_parallel_degree 1): a MoE layer routes only this rank's
+  // token rows and the dispatch sends them to the experts' ranks (ReordererSequenceParallel's
+  // split): under SP its own sequence shard, so the FFN input is not gathered nor its output
+  // reduce-scattered; without SP rows [r·T/P, (r+1)·T/P) of the replicated input, the output's
+  // other rows zero and all-reduced like any row-parallel output. The router's weight gradient,
+  // the aux-loss statistics and (in the trainer) the expert counts are then partial over the tp
+  // ranks and summed.
+  bool moe_local() const { return tp_.active() && tp_.ep_active(); }
+  struct Rows {
+    int64_t begin = 0, n = 0;  // rows of xn2 (its local rows under SP)
+  };
+  Rows moe_rows(int64_t T) const;  // the rows a MoE layer routes on this rank
+  // The FFN input norm: local rows for a local MoE layer under SP, else norm_gathered.
+  void ffn_norm(int64_t l, int64_t Tl, Saved& s);
+  ops::ExpertsArgs experts_args(int64_t l, const Rows& m);
+  // y: the output of rows m ([m.n, D]); dy, dxn likewise.
+  void moe_forward(int64_t l, const Rows& m, float* y, bool count);
+  void moe_backward(int64_t l, const Rows& m, const float* dy, float* dxn);
   // Transformers' auxiliary loss, pooled over the MoE layers: statistics of layer l right after
   // its router (the router's buffers may be shared under activation checkpointing), then the
   // loss and its gradient w.r.t. the probabilities.
@@ -282,6 +298,7 @@ class Qwen3Model final : public models::Model {
   float* tp_buf_ = nullptr;
   int32_t* tp_ids_ = nullptr;
   std::vector<float> tp_gnorm_;
+  std::vector<float> tp_ggate_;  // [E, D] moe_local(): one backward's router weight gradient
 };
 
 }  // namespace titan::qwen3

@@ -94,7 +94,7 @@ void validate(const config::JobConfig& c) {
     check(a.n_moe_layers() == a.n_layers || a.hidden_dim % tp == 0,
           "hidden_dim (" + std::to_string(a.hidden_dim) + ") must be divisible by tp_size (" +
               std::to_string(tp) + ") (parallelism.tensor_parallel_degree)");
-    check(!a.is_moe() || a.moe_hidden_dim % tp == 0,
+    check(!a.is_moe() || ep > 1 || a.moe_hidden_dim % tp == 0,
           "moe_hidden_dim (" + std::to_string(a.moe_hidden_dim) +
               ") must be divisible by tp_size (" + std::to_string(tp) +
               ") (parallelism.tensor_parallel_degree: the experts' hidden units are split)");
@@ -104,6 +104,11 @@ void validate(const config::JobConfig& c) {
               std::to_string(tokens) + ") divisible by tp_size (" + std::to_string(tp) +
               "); change training.seq_len or training.local_batch_size, or pass "
               "--parallelism.enable_sequence_parallel false");
+    check(ep == 1 || tokens % tp == 0,
+          "expert parallelism over the tensor-parallel ranks routes 1/tp_size of each "
+          "microbatch's tokens per rank: local_batch_size x seq_len (" +
+              std::to_string(tokens) + ") must be divisible by tp_size (" + std::to_string(tp) +
+              "); change training.seq_len or training.local_batch_size");
   }
   if (ep > 1) {
     check(a.is_moe(), "parallelism.expert_parallel_degree " + std::to_string(ep) + ": " + source +
