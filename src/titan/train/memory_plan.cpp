@@ -94,10 +94,8 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     const int64_t n = tp_local(q, dims);
     (q.tp == models::ParamInfo::Tp::experts ? experts : dense) += n;
     whole += q.numel;
-    // Under EP titan's FSDP gathers a layer's experts whole, as any parameter, and the dispatch
-    // (train/expert_parallel.h) reads the rank's own; torchtitan gathers only those, over efsdp.
-    const bool ep_experts = q.tp == models::ParamInfo::Tp::experts && dims.ep > 1;
-    unit_local[static_cast<size_t>(q.group)] += ep_experts ? q.numel : n;
+    // Under EP a rank holds and gathers (over efsdp) only its own experts, as torchtitan does.
+    unit_local[static_cast<size_t>(q.group)] += n;
   }
   const int64_t local = dense + experts;  // a rank's slices, unsharded
   const int64_t ps =
