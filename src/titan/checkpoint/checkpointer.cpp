@@ -353,11 +353,20 @@ class ShardedDir {
     }
   }
 
-  // The model's parameters (whole; unit by unit with unit_done) and buffers (those the index
-  // has).
+  // Elements [a, z) of the data held for parameter p (its slice in a tensor/expert-parallel
+  // model) of tensor `name` (p's, or a moment's) into dst.
+  void read_held(const std::string& name, const models::ParamInfo& p, int64_t a, int64_t z,
+                 float* dst) const {
+    models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t n) {
+      read(name, p.shape, w, w + n, dst + (l - a));
+    });
+  }
+
+  // The model's parameters (whole, or the slices it holds; unit by unit with unit_done) and
+  // buffers (those the index has).
   void read_weights(models::Model& model, const UnitDone& unit_done = {}) const {
     for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
-      read(p.fqn, p.shape, 0, numel_of(p.shape), model.param_data() + p.offset);
+      read_held(p.fqn, p, 0, p.numel, model.param_data() + p.offset);
     });
     for (const auto& b : model.buffers())
       if (has(b.fqn)) read(b.fqn, b.shape, 0, numel_of(b.shape), b.data);
@@ -676,7 +685,7 @@ void Checkpointer::clean_stale() {
 
 std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
                                              float* exp_avg_sq, const Segments& opt,
-                                             const UnitDone& unit_done) {
+                                             const UnitDone& unit_done, bool initial_weights) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
   const Segments* slices = unit_done ? &opt : nullptr;
@@ -733,6 +742,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
       throw Error(std::string(e.what()) + older_hint(dirs, pick->step));
     }
   }
+  if (!initial_weights) return std::nullopt;
   if (!k.initial_load_path.empty()) {
     load_model_weights(model, k.initial_load_path, k.initial_load_in_hf, true, slices);
     log::info("Loaded initial weights from " + k.initial_load_path +
@@ -758,8 +768,8 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
     sharded.read_weights(model, unit_done);
     // The moments' slices that overlap this rank's range.
     for (const Slice& sl : slices_in(model, opt)) {
-      sharded.read("exp_avg." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg + sl.at);
-      sharded.read("exp_avg_sq." + sl.p->fqn, sl.p->shape, sl.begin, sl.end, exp_avg_sq + sl.at);
+      sharded.read_held("exp_avg." + sl.p->fqn, *sl.p, sl.begin, sl.end, exp_avg + sl.at);
+      sharded.read_held("exp_avg_sq." + sl.p->fqn, *sl.p, sl.begin, sl.end, exp_avg_sq + sl.at);
     }
     log::info("Resuming from sharded checkpoint " + dir + " at step " + std::to_string(st.step));
     return st;
@@ -768,7 +778,9 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
   SafetensorsSet opt_set = SafetensorsSet::open((fs::path(dir) / "optimizer.safetensors").string());
   verify_rest(dir, sums, {&weights, &opt_set});  // train_state.json
   TrainState st = read_train_state(dir, step);
-  const bool whole = opt.size() == 1 && opt[0].begin == 0 && opt[0].len == n;
+  const bool whole = opt.size() == 1 && opt[0].begin == 0 && opt[0].len == n &&
+                     std::none_of(model.params().begin(), model.params().end(),
+                                  [](const models::ParamInfo& p) { return p.split_dim >= 0; });
   if (!whole || unit_done) {
     // A shard of the state: every file checked first (one hashing pass over the mappings), then
     // the weights copied unit by unit and only this rank's slices of the moments.
@@ -779,8 +791,15 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
       verify_checksums(dir, mapped);
     }
     check_params_present(model, weights, dir);
+    // The data held for p (all of it, or its tensor/expert-parallel slice), elements [a, z).
+    auto read_held = [](const SafetensorsSet& set, const std::string& name,
+                        const models::ParamInfo& p, int64_t a, int64_t z, float* dst) {
+      models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t len) {
+        set.read_f32_range(name, p.shape, w, w + len, dst + (l - a));
+      });
+    };
     for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
-      weights.read_f32(p.fqn, p.shape, model.param_data() + p.offset);
+      read_held(weights, p.fqn, p, 0, p.numel, model.param_data() + p.offset);
     });
     for (const auto& b : model.buffers())
       if (weights.find(b.fqn)) weights.read_f32(b.fqn, b.shape, b.data);
@@ -790,8 +809,7 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
         const TensorView* t = opt_set.find(name);
         check(t != nullptr && t->dtype == DType::F32 && t->shape == sl.p->shape,
               opt_set.path() + ": tensor '" + name + "' must be F32 of the parameter's shape");
-        std::memcpy(dst + sl.at, t->data + sl.begin * 4,
-                    static_cast<size_t>(sl.end - sl.begin) * sizeof(float));
+        read_held(opt_set, name, *sl.p, sl.begin, sl.end, dst + sl.at);
       }
     log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
     return st;

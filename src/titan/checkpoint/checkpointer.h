@@ -89,8 +89,12 @@ class Checkpointer {
   // With unit_done (a sharded trainer), a resumed checkpoint's weights are read unit by unit,
   // unit_done called after each; Hugging Face initial weights are read only within `opt` (the
   // rank's slices, from the memory-mapped files); native initial weights are read whole.
+  // A model that holds slices of its parameters (tensor/expert parallelism: ParamInfo::
+  // split_dim) resumes just those slices from either layout; initial_weights false leaves the
+  // initial weights alone (returns nullopt without reading them).
   std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                 const Segments& opt = {}, const UnitDone& unit_done = {});
+                                 const Segments& opt = {}, const UnitDone& unit_done = {},
+                                 bool initial_weights = true);
 
   // Whether a save is due after `step` (enabled, and interval or last).
   bool due(int64_t step, bool last) const {

@@ -6,6 +6,7 @@
 // its FQN, global shape, the slice of it this process holds and its offset in the buffer.
 // Without sharding the local slice is the whole tensor.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -124,6 +125,28 @@ struct ParamUnit {
 struct FlatRange {
   int64_t begin = 0, len = 0;
 };
+
+// Where the elements [a, z) of parameter p's data held here (its slice under tensor/expert
+// parallelism, laid out row-major with dimension split_dim cut to local_len) sit in the whole
+// tensor, flattened: fn(whole_begin, local_begin, len) for each contiguous run, in order. A whole
+// parameter (split_dim −1) is one run at the same place.
+template <typename Fn>
+void for_each_whole_run(const ParamInfo& p, int64_t a, int64_t z, Fn&& fn) {
+  if (p.split_dim < 0) {
+    if (a < z) fn(a, a, z - a);
+    return;
+  }
+  int64_t inner = 1;
+  for (size_t i = static_cast<size_t>(p.split_dim) + 1; i < p.shape.size(); ++i)
+    inner *= p.shape[i];
+  const int64_t run = p.local_len * inner;  // one outer index's elements here
+  const int64_t stride = p.shape[static_cast<size_t>(p.split_dim)] * inner;
+  while (a < z) {
+    const int64_t o = a / run, r = a % run, n = std::min(z - a, run - r);
+    fn(o * stride + p.local_begin * inner + r, a, n);
+    a += n;
+  }
+}
 
 // What a trainer that shards the parameters (train/fsdp.h) learns of their use. The model calls
 // these around every use of a unit; without hooks its parameters are always whole. The model

@@ -207,17 +207,16 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (fsdp_) take_unit = [this](int64_t u) { fsdp_->take_unit(u); };
   const auto& k = cfg_.checkpoint;
   const bool initial = !k.initial_load_path.empty() || k.initial_load_in_hf;
-  if (sliced())  // checkpoints hold whole tensors: read whole, then sliced
-    loaded = load_sliced();
-  else
-    loaded = checkpointer_->load(
-        *model_, m_.data(), v_.data(),
-        fsdp_ ? fsdp_->shards()[static_cast<size_t>(mesh_.fsdp_rank)] : ckpt::Segments{},
-        take_unit);
+  // A tensor/expert-parallel model resumes its slices of the whole tensors of any layout; its
+  // initial weights are read whole, then sliced (load_initial_sliced).
+  loaded = checkpointer_->load(*model_, m_.data(), v_.data(),
+                               fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit,
+                               /*initial_weights=*/!sliced());
+  if (!loaded && initial && sliced()) load_initial_sliced();
   if (rank0()) dist::world().barrier();
   if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
-                // slices), then sharded; under TP both arrive whole in the model's slice
-    if ((!loaded && initial) || (sliced() && loaded))
+                // slices), then sharded
+    if (!loaded && initial)
       fsdp_->take_params_from_model();
     else if (!loaded)
       fsdp_->init_unit_by_unit(bo.seed);
@@ -320,31 +319,13 @@ models::Model& Trainer::whole_model() {
   return *whole_;
 }
 
-std::optional<ckpt::TrainState> Trainer::load_sliced() {
+void Trainer::load_initial_sliced() {
   models::Model& w = whole_model();
-  const int64_t N = w.num_params(), n = model_->num_params();
-  std::vector<float> wm(static_cast<size_t>(N)), wv(wm.size());
-  std::optional<ckpt::TrainState> st = checkpointer_->load(w, wm.data(), wv.data());
-  const auto& k = cfg_.checkpoint;
-  if (st || !k.initial_load_path.empty() || k.initial_load_in_hf) {
-    const models::Model& whole = w;
-    TensorParallel::slice(*model_, model_->param_data(), whole, whole.param_data());
-    TensorParallel::copy_buffers(whole, *model_);
-    if (st) {
-      std::vector<float> lm(static_cast<size_t>(n)), lv(lm.size());
-      TensorParallel::slice(*model_, lm.data(), whole, wm.data());
-      TensorParallel::slice(*model_, lv.data(), whole, wv.data());
-      if (fsdp_) {
-        fsdp_->take_whole(lm.data(), m_.data());
-        fsdp_->take_whole(lv.data(), v_.data());
-      } else {
-        std::copy(lm.begin(), lm.end(), m_.data());
-        std::copy(lv.begin(), lv.end(), v_.data());
-      }
-    }
-  }
+  checkpointer_->load(w, nullptr, nullptr);  // no checkpoint to resume: the initial weights
+  const models::Model& whole = w;
+  TensorParallel::slice(*model_, model_->param_data(), whole, whole.param_data());
+  TensorParallel::copy_buffers(whole, *model_);
   whole_.reset();
-  return st;
 }
 
 void Trainer::save_sliced(const ckpt::TrainState& st, bool last) {

@@ -85,11 +85,10 @@ class Trainer {
   std::vector<models::FlatRange> replicated_;
   models::Model& whole_model();
   // A model built for a slice of the layout (tensor parallelism, or expert parallelism's own
-  // experts): the checkpoint (or initial weights) into the whole model, then this rank's slices
-  // of the weights and moments; and the save: every slice gathered, rank 0 writes the whole
-  // model.
+  // experts): its initial weights read into the whole model, then sliced (a checkpoint resumes
+  // the slices directly); the save: every slice gathered, rank 0 writes the whole model.
   bool sliced() const { return dims_.tp > 1 || dims_.ep > 1; }
-  std::optional<ckpt::TrainState> load_sliced();
+  void load_initial_sliced();
   void save_sliced(const ckpt::TrainState& st, bool last);
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
