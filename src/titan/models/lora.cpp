@@ -95,11 +95,19 @@ LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool all
     a.hf_module = it->second;
     const std::string prefix = p.fqn.substr(0, p.fqn.size() - 7);  // without ".weight"
     a.a = off;
-    params_.push_back({prefix + ".lora_A.weight", {r, a.in}, off, r * a.in, p.group, false, 0, r});
+    auto whole = [&](std::string fqn, std::vector<int64_t> shape) {  // held whole, no slice
+      ParamInfo q;
+      q.fqn = std::move(fqn);
+      q.numel = shape[0] * shape[1];
+      q.shape = std::move(shape);
+      q.offset = off;
+      q.group = p.group;
+      params_.push_back(std::move(q));
+    };
+    whole(prefix + ".lora_A.weight", {r, a.in});
     off += r * a.in;
     a.b = off;
-    params_.push_back(
-        {prefix + ".lora_B.weight", {a.rows, r}, off, a.rows * r, p.group, false, 0, a.rows});
+    whole(prefix + ".lora_B.weight", {a.rows, r});
     off += a.rows * r;
     ad_.push_back(std::move(a));
   }
