@@ -4,8 +4,9 @@
 //   DDP   dp_replicate = N, dp_shard = 1     gradients all-reduced, every rank a full replica
 //   FSDP  dp_shard = N                        gradients reduce-scattered, AdamW state sharded
 //   HSDP  dp_replicate × dp_shard             sharded within a replica group, all-reduced across
-//   EP    ep ranks of the shard group        MoE experts split over them, tokens dispatched
-//                                            (train/expert_parallel.h); FSDP as before
+//   EP    ep ranks of the [dp_shard, tp]     MoE experts split over them (each rank holds
+//         grid (whole tp groups)             its own), tokens dispatched (train/expert_parallel.h);
+//                                            the experts FSDP-sharded over efsdp
 //   TP    tp consecutive ranks                dense Qwen3's projections split over them (with
 //                                            sequence and loss parallelism), the same data read
 //                                            by all (train/tensor_parallel.h); FSDP/HSDP/DDP
