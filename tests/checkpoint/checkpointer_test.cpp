@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
 #include "titan/models/qwen3/model.h"
+#include "titan/models/registry.h"
 #include "titan/train/trainer.h"
 
 namespace titan::ckpt {
@@ -117,16 +119,18 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
   TrainState st;
   st.step = 1;
   const std::string tmp = ck.sharded_begin(st.step);
-  json sums = json::object();
+  json written = json::array();
   for (int64_t r = 0; r < 3; ++r) {
     const int64_t off = shards[static_cast<size_t>(r)][0].begin;
-    sums.update(ck.write_shard(tmp, r, shards, model, nullptr, m.data() + off, v.data() + off));
+    written.push_back(ck.write_shard(tmp, r, 3, shards[static_cast<size_t>(r)], model, nullptr,
+                                     m.data() + off, v.data() + off));
   }
-  ck.sharded_commit(tmp, st, model, shards, sums);
+  ck.sharded_commit(tmp, st, model, written);
   const std::string step = dump + "/checkpoint/step-1";
   ASSERT_TRUE(fs::exists(step + "/" + kShardedIndexName));
   ASSERT_TRUE(fs::exists(step + "/shard-00002-of-00003.safetensors"));
   EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_EQ(json::parse(std::ifstream(step + "/" + kShardedIndexName)).at("version"), 1);
   const std::vector<float> w(model.param_data(), model.param_data() + n);
 
   // Into two ranks' ranges and into one process, after scrambling everything.
@@ -157,6 +161,102 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(kShardedIndexName), std::string::npos) << e.what();
+  }
+}
+
+// Tensor-parallel shards, as the four ranks of FSDP 2 × TP 2 write them in parallel, made here in
+// one process: each "rank" holds its TP slice (a model built for it) and one FSDP range of it,
+// cut inside a parameter; tp rank 1 leaves the replicated norms to tp rank 0. The index's
+// strided entries (version 2) load bitwise into the whole model and into the slices of another
+// layout (TP 2 without FSDP); an index missing one run of a row-wise slice is refused naming the
+// tensor.
+TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
+  const std::string dump = temp_dir("tp_sharded");
+  config::JobConfig c = small(dump);
+  models::BuildOptions o;
+  o.batch = 2;
+  o.seq_len = 32;
+  o.seed = 5;
+  o.log_overrides = false;
+  const auto whole = models::build_model(c, o);
+  const int64_t n = whole->num_params();
+  std::vector<float> m(static_cast<size_t>(n)), v(m.size());
+  for (int64_t i = 0; i < n; ++i) {
+    m[static_cast<size_t>(i)] = 1e-3f * static_cast<float>(i % 977) - 0.3f;
+    v[static_cast<size_t>(i)] = 1e-6f * static_cast<float>(i % 313);
+  }
+  auto slice_model = [&](int tp_rank) {
+    models::BuildOptions so = o;
+    so.init = false;
+    so.tp = {tp_rank, 2, true};
+    auto s = models::build_model(c, so);
+    train::TensorParallel::slice(*s, s->param_data(), *whole, whole->param_data());
+    return s;
+  };
+  Checkpointer ck(c);
+  TrainState st;
+  st.step = 1;
+  const std::string tmp = ck.sharded_begin(st.step);
+  json written = json::array();
+  for (int fsdp = 0; fsdp < 2; ++fsdp)
+    for (int tp = 0; tp < 2; ++tp) {
+      const auto local = slice_model(tp);
+      const int64_t ln = local->num_params(), cut = ln / 2 + 3;
+      std::vector<float> lm(static_cast<size_t>(ln)), lv(lm.size());
+      train::TensorParallel::slice(*local, lm.data(), *whole, m.data());
+      train::TensorParallel::slice(*local, lv.data(), *whole, v.data());
+      const Segments segs{fsdp == 0 ? FlatRange{0, cut} : FlatRange{cut, ln - cut}};
+      const int64_t at = segs[0].begin;
+      written.push_back(ck.write_shard(tmp, 2 * fsdp + tp, 4, segs, *local, nullptr, lm.data() + at,
+                                       lv.data() + at, tp == 0));
+    }
+  ck.sharded_commit(tmp, st, *whole, written);
+  const std::string step = dump + "/checkpoint/step-1";
+  const json idx = json::parse(std::ifstream(step + "/" + kShardedIndexName));
+  EXPECT_EQ(idx.at("version"), 2);
+  EXPECT_EQ(idx.at("shards"), 4);
+
+  // The whole model, after scrambling it.
+  const auto again = models::build_model(c, o);
+  std::fill_n(again->param_data(), n, 7.0f);
+  std::vector<float> m2(m.size(), 9.0f), v2(m.size(), 9.0f);
+  ASSERT_TRUE(Checkpointer(c).load(*again, m2.data(), v2.data()).has_value());
+  EXPECT_EQ(std::memcmp(again->param_data(), whole->param_data(), static_cast<size_t>(n) * 4), 0);
+  EXPECT_EQ(m2, m);
+  EXPECT_EQ(v2, v);
+  // Each rank of TP 2 (the whole of its slice, no FSDP).
+  for (int tp = 0; tp < 2; ++tp) {
+    const auto want = slice_model(tp);
+    models::BuildOptions so = o;
+    so.init = false;
+    so.tp = {tp, 2, false};
+    const auto got = models::build_model(c, so);
+    const int64_t ln = got->num_params();
+    std::fill_n(got->param_data(), ln, 7.0f);
+    std::vector<float> lm(static_cast<size_t>(ln), 9.0f), lv(lm.size(), 9.0f), wm(lm.size()),
+        wv(lm.size());
+    ASSERT_TRUE(Checkpointer(c).load(*got, lm.data(), lv.data()).has_value());
+    train::TensorParallel::slice(*want, wm.data(), *whole, m.data());
+    train::TensorParallel::slice(*want, wv.data(), *whole, v.data());
+    EXPECT_EQ(std::memcmp(got->param_data(), want->param_data(), static_cast<size_t>(ln) * 4), 0);
+    EXPECT_EQ(lm, wm);
+    EXPECT_EQ(lv, wv);
+  }
+  // A row-wise slice's run group dropped (checksums rewritten to match).
+  json bad = idx;
+  const std::string victim = "layers.1.attention.wo.weight";
+  auto& slices = bad["tensors"][victim]["slices"];
+  ASSERT_TRUE(
+      std::any_of(slices.begin(), slices.end(), [](const json& e) { return e.size() == 6; }));
+  slices.erase(1);
+  std::ofstream(step + "/" + kShardedIndexName) << bad.dump();
+  write_checksums(step);
+  try {
+    Checkpointer(c).load(*again, m2.data(), v2.data());
+    ADD_FAILURE() << "a missing slice loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(victim + "': its slices leave a gap"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -16,17 +16,21 @@
 // without SP and with full AC, FSDP 2 × TP 2 × EP 2 and × EP 4). Each run's bytes in the tp group's
 // collectives are checked against the theoretical TP/SP volume (train/tensor_parallel.h) within
 // 5%. Also: Hugging Face initial weights (tied and untied fixtures) read whole and sliced;
-// checkpoints resharded between TP 2, one process, FSDP 2 and FSDP 2 × TP 2; and the layouts
-// torchtitan refuses, one clear line on every rank.
+// checkpoints written sharded by every rank and resharded between TP/EP layouts, FSDP 2 and one
+// process, and one missing a slice refused; and the layouts torchtitan refuses, one clear line on
+// every rank.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dist/run_util.h"
+#include "nlohmann/json.hpp"
 #include "test_util.h"
+#include "titan/checkpoint/checksums.h"
 
 namespace titan {
 namespace {
@@ -113,33 +117,42 @@ TEST(TensorParallel, MatchesOneProcessOnTheSameGlobalBatch) {
   }
 }
 
-// Hugging Face weights under TP: read whole (tied embedding and untied lm_head fixtures), each
-// rank keeps its slices, trains like one process that read them; the export holds whole tensors.
-TEST(TensorParallelHf, ReadsHuggingFaceWeightsAndTrainsLikeOneProcess) {
+// Hugging Face weights under TP/EP: each rank reads only its slices of the mapped files (tied
+// embedding and untied lm_head fixtures; MoE with per-expert tensors under TP 2 × EP 2, the
+// experts split whole over the ranks, and with the fused gate_up_proj/down_proj under TP 2, their
+// hidden units split) and trains like one process that read them whole.
+TEST(TensorParallelHf, ReadsItsSlicesOfHuggingFaceWeightsAndTrainsLikeOneProcess) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("tp_hf");
   const std::string docs = write_docs(dir);
   const int steps = 3;
-  for (const char* fixture : {"tied_gqa2", "untied_gqa1"}) {
+  const std::string tp2 = " --parallelism.tensor_parallel_degree 2";
+  for (const auto& [fixture, flags] : {std::pair<std::string, std::string>{"tied_gqa2", tp2},
+                                       {"untied_gqa1", tp2},
+                                       {"moe_norm", tp2 + kEp2},
+                                       {"moe_norm_fused", tp2}}) {
     SCOPED_TRACE(fixture);
     auto run_job = [&](const std::string& dump) { return hf_job(fixture, docs, dump, steps); };
     const std::string one = dir + "/one_" + fixture, tp = dir + "/tp_" + fixture;
     const ShellRun a = sh(run_job(one));
     ASSERT_EQ(a.code, 0) << a.out;
-    const ShellRun b = sh(mpirun(2) + run_job(tp) + " --parallelism.tensor_parallel_degree 2");
+    const ShellRun b = sh(mpirun(2) + run_job(tp) + flags);
     ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find("(this rank's slices)"), std::string::npos) << b.out;
     expect_same_training(one, tp, steps);
   }
 }
 
-// Checkpoints of a TP layout hold whole tensors (gathered from the slices, written by rank 0 in
-// the one-process layout), so they reshard on load: TP 2 → one process, one process → TP 2
+// Checkpoints of a TP layout are sharded (each rank writes its slices in parallel,
+// checkpoint.index.json version 2), and reshard on load: TP 2 → one process, one process → TP 2
 // (sequence parallelism off), FSDP 2 × TP 2 → FSDP 2, FSDP 2 (sharded files) → FSDP 2 × TP 2.
 // So do those of expert parallelism, whose ranks hold only their experts (sharded over the efsdp
 // ranks): MoE FSDP 2 × EP 2 → FSDP 2, FSDP 2 → FSDP 2 × EP 2, FSDP 4 × EP 2 (efsdp 2) → FSDP 4,
-// FSDP 2 × TP 2 × EP 2 → FSDP 2 and FSDP 2 → FSDP 2 × TP 2 × EP 4.
+// FSDP 2 × TP 2 × EP 2 → FSDP 2, FSDP 2 → FSDP 2 × TP 2 × EP 4, and FSDP 2 × TP 2 × EP 2 →
+// FSDP 2 × TP 2 (the experts' EP slices read as TP slices of their hidden units).
 // Each chain saves its full state at step 2 and resumes to step 4 in the other layout; the 4
-// steps must match the uninterrupted one-process run of the same global batch.
+// steps must match the uninterrupted one-process run of the same global batch. Then a TP
+// checkpoint whose index misses a slice: one line naming the tensor, exit 1 on every rank.
 TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("tp_reshard");
@@ -174,6 +187,7 @@ TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
       {"fsdp2tp2ep2_to_fsdp2", 2, mpirun(4) + "@" + tp2 + ep2, mpirun(2) + "@", true},
       {"fsdp2_to_fsdp2tp2ep4", 2, mpirun(2) + "@",
        mpirun(4) + "@" + tp2 + " --parallelism.expert_parallel_degree 4", true},
+      {"fsdp2tp2ep2_to_fsdp2tp2", 2, mpirun(4) + "@" + tp2 + ep2, mpirun(4) + "@" + tp2, true},
   };
   for (const Chain& c : chains) {
     SCOPED_TRACE(c.name);
@@ -185,12 +199,35 @@ TEST(TensorParallelCheckpoint, ReshardsBetweenLayouts) {
     };
     ShellRun r = run(c.first, 2, keep);
     ASSERT_EQ(r.code, 0) << r.out;
+    if (c.first.find("--parallelism.") != std::string::npos) {  // written by every rank
+      std::ifstream idx(dump + "/checkpoint/step-2/checkpoint.index.json");
+      ASSERT_TRUE(idx.good()) << r.out;
+      EXPECT_EQ(nlohmann::json::parse(idx).at("shards"),
+                c.first.find("-np 4 ") != std::string::npos ? 4 : 2)
+          << c.name;
+    }
     r = run(c.second, 4, "");  // the last save: the model only, whole
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("step:  3"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("the data order restarts"), std::string::npos) << r.out;
     expect_same_training(ref(c.dp, c.moe), dump, 4);
   }
+  // TP 2's step 2 with one run of a row-wise slice dropped from its index (checksums rewritten).
+  const std::string step2 = dir + "/tp2_to_one/checkpoint/step-2";
+  nlohmann::json idx = nlohmann::json::parse(std::ifstream(step2 + "/checkpoint.index.json"));
+  const std::string victim = "layers.1.feed_forward.w2.weight";
+  auto& slices = idx.at("tensors").at(victim).at("slices");
+  ASSERT_EQ(slices.size(), 2u) << slices.dump();
+  slices.erase(1);
+  std::ofstream(step2 + "/checkpoint.index.json") << idx.dump();
+  ckpt::write_checksums(step2);
+  const ShellRun bad = sh(mpirun(2) + job(docs, dir + "/tp2_to_one", false, 4) + kEps + tp2 +
+                          " --checkpoint.load_step 2");
+  EXPECT_NE(bad.code, 0) << bad.out;
+  EXPECT_NE(bad.code, 124) << "the job hung:\n" << bad.out;
+  EXPECT_NE(bad.out.find(victim + "': its slices leave a gap or overlap at element"),
+            std::string::npos)
+      << bad.out;
 }
 
 // Layouts torchtitan refuses, and what titan does not implement under TP yet: one line naming the

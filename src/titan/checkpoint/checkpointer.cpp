@@ -231,8 +231,8 @@ std::string shard_file_name(int64_t rank, int64_t shards) {
   return buf;
 }
 
-// A parameter's part of a shard: elements [begin, end) of its flattened tensor, at element `at`
-// of the shard's buffers.
+// A parameter's part of a shard: elements [begin, end) of the data held for it (the whole
+// tensor, or its tensor/expert-parallel slice, flattened), at element `at` of the shard's buffers.
 struct Slice {
   const models::ParamInfo* p;
   int64_t begin, end, at;
@@ -270,6 +270,38 @@ void for_each_unit(const models::Model& model, const UnitDone& unit_done, Fn&& f
   }
 }
 
+// The index entries of one file's elements of a tensor: elements [begin, begin + len) of the
+// flattened tensor at element `at` of the file's 1-D tensor, then `count` such runs, run i at
+// begin + i·stride in the tensor and at + i·len in the file. JSON: [file, begin, end] (at 0, one
+// run: FSDP's ranges) or [file, begin, end, at, count, stride] (a tensor-parallel slice's rows).
+struct RunGroup {
+  int64_t begin = 0, len = 0, at = 0, count = 1, stride = 0;
+  json to_json(const std::string& file) const {
+    if (at == 0 && count == 1) return json::array({file, begin, begin + len});
+    return json::array({file, begin, begin + len, at, count, stride});
+  }
+};
+
+// The runs of the whole tensor that elements [a, z) of the data held for p (its slice) fill, as
+// groups: fn(group), where group.at counts from a.
+template <typename Fn>
+void run_groups(const models::ParamInfo& p, int64_t a, int64_t z, Fn&& fn) {
+  RunGroup g;
+  bool open = false;
+  models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t n) {
+    if (open && n == g.len &&
+        (g.count == 1 ? w > g.begin + g.len - 1 : w == g.begin + g.count * g.stride)) {
+      if (g.count == 1) g.stride = w - g.begin;
+      ++g.count;
+      return;
+    }
+    if (open) fn(g);
+    g = {w, n, l - a, 1, 0};
+    open = true;
+  });
+  if (open) fn(g);
+}
+
 // A sharded step directory's index and its files, opened and checked against checksums.json.
 class ShardedDir {
  public:
@@ -278,9 +310,10 @@ class ShardedDir {
     const json idx = read_json(index_path_);
     check(idx.is_object() && idx.value("format", json()) == "titan-sharded-checkpoint",
           index_path_ + ": \"format\" must be \"titan-sharded-checkpoint\"");
-    check(idx.value("version", json()) == 1, index_path_ + ": version " +
-                                                 idx.value("version", json()).dump() +
-                                                 " is not supported (this titan reads version 1)");
+    const json version = idx.value("version", json());
+    check(version == 1 || version == 2,
+          index_path_ + ": version " + version.dump() +
+              " is not supported (this titan reads versions 1 and 2)");
     check(idx.contains("tensors") && idx["tensors"].is_object(),
           index_path_ + ": \"tensors\" must be an object");
     for (const auto& [name, e] : idx["tensors"].items()) {
@@ -293,34 +326,52 @@ class ShardedDir {
         check(d.is_number_integer() && d.get<int64_t>() >= 0, at + ": bad \"shape\"");
         t.shape.push_back(d.get<int64_t>());
       }
+      const int64_t numel = numel_of(t.shape);
       for (const auto& sl : e["slices"]) {
-        check(sl.is_array() && sl.size() == 3 && sl[0].is_string() && sl[1].is_number_integer() &&
-                  sl[2].is_number_integer(),
-              at + ": every slice must be [file, begin, end]");
+        const bool strided = version == 2 && sl.is_array() && sl.size() == 6;
+        bool ok = sl.is_array() && (sl.size() == 3 || strided) && sl[0].is_string();
+        for (size_t i = 1; ok && i < sl.size(); ++i) ok = sl[i].is_number_integer();
+        check(ok, at + ": every slice must be [file, begin, end]" +
+                      std::string(version == 2 ? " or [file, begin, end, at, count, stride]" : ""));
         const std::string file = sl[0].get<std::string>();
         check(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
               at + ": '" + file + "' is not a file name");
-        t.slices.push_back({file, sl[1].get<int64_t>(), sl[2].get<int64_t>()});
-        if (!files_.count(file)) {
+        RunGroup g;
+        g.begin = sl[1].get<int64_t>();
+        g.len = sl[2].get<int64_t>() - g.begin;
+        if (strided) {
+          g.at = sl[3].get<int64_t>();
+          g.count = sl[4].get<int64_t>();
+          g.stride = sl[5].get<int64_t>();
+        }
+        check(g.begin >= 0 && g.len > 0 && g.at >= 0 && g.count >= 1 &&
+                  (g.count == 1 || g.stride >= g.len) &&
+                  g.begin + (g.count - 1) * g.stride + g.len <= numel,
+              at + ": slice " + sl.dump() + " lies outside its " + std::to_string(numel) +
+                  " elements");
+        auto f = files_.find(file);
+        if (f == files_.end()) {
           const std::string path = (fs::path(dir) / file).string();
           check(!sums || sums->count(file), path + ": not listed in " +
                                                 std::string(kChecksumsName) +
                                                 "; the directory was changed after it was saved");
-          files_.emplace(file, SafetensorsFile::open(path));
+          f = files_.emplace(file, SafetensorsFile::open(path)).first;
         }
+        for (int64_t i = 0; i < g.count; ++i)
+          t.runs.push_back({&f->second, g.begin + i * g.stride, g.begin + i * g.stride + g.len,
+                            g.at + i * g.len});
       }
       // The slices must cover the tensor exactly once.
-      std::sort(t.slices.begin(), t.slices.end(),
-                [](const SliceRef& a, const SliceRef& b) { return a.begin < b.begin; });
+      std::sort(t.runs.begin(), t.runs.end(),
+                [](const Run& a, const Run& b) { return a.begin < b.begin; });
       int64_t next = 0;
-      for (const auto& sl : t.slices) {
-        check(sl.begin == next && sl.end > sl.begin,
+      for (const auto& r : t.runs) {
+        check(r.begin == next,
               at + ": its slices leave a gap or overlap at element " + std::to_string(next));
-        next = sl.end;
+        next = r.end;
       }
-      check(next == numel_of(t.shape), at + ": its slices cover " + std::to_string(next) +
-                                           " of its " + std::to_string(numel_of(t.shape)) +
-                                           " elements");
+      check(next == numel, at + ": its slices cover " + std::to_string(next) + " of its " +
+                               std::to_string(numel) + " elements");
     }
     if (sums) {  // every listed file, the shards hashed from the mappings just opened
       std::map<std::string, Mapped> mapped;
@@ -339,16 +390,18 @@ class ShardedDir {
     check(it->second.shape == shape, index_path_ + ": tensor '" + name + "' has shape " +
                                          json(it->second.shape).dump() + ", the model's is " +
                                          json(shape).dump());
-    for (const SliceRef& sl : it->second.slices) {
-      const int64_t a = std::max(lo, sl.begin), z = std::min(hi, sl.end);
-      if (a >= z) continue;
-      const SafetensorsFile& f = files_.at(sl.file);
-      const TensorView* t = f.find(name);
-      check(t != nullptr && t->dtype == DType::F32 &&
-                t->shape == std::vector<int64_t>{sl.end - sl.begin},
-            f.path() + ": tensor '" + name + "' must be F32 of shape [" +
-                std::to_string(sl.end - sl.begin) + "] as " + kShardedIndexName + " says");
-      std::memcpy(dst + (a - lo), t->data + (a - sl.begin) * 4,
+    const std::vector<Run>& runs = it->second.runs;
+    auto r = std::upper_bound(runs.begin(), runs.end(), lo,
+                              [](int64_t x, const Run& run) { return x < run.end; });
+    for (; r != runs.end() && r->begin < hi; ++r) {
+      const int64_t a = std::max(lo, r->begin), z = std::min(hi, r->end);
+      const TensorView* t = r->file->find(name);
+      check(t != nullptr && t->dtype == DType::F32 && t->shape.size() == 1 &&
+                t->shape[0] >= r->at + (r->end - r->begin),
+            r->file->path() + ": tensor '" + name + "' must be F32 of at least " +
+                std::to_string(r->at + r->end - r->begin) + " elements as " + kShardedIndexName +
+                " says");
+      std::memcpy(dst + (a - lo), t->data + (r->at + a - r->begin) * 4,
                   static_cast<size_t>(z - a) * sizeof(float));
     }
   }
@@ -373,13 +426,13 @@ class ShardedDir {
   }
 
  private:
-  struct SliceRef {
-    std::string file;
-    int64_t begin, end;
+  struct Run {  // elements [begin, end) of the tensor, at element `at` of its tensor in file
+    const SafetensorsFile* file;
+    int64_t begin, end, at;
   };
   struct Entry {
     std::vector<int64_t> shape;
-    std::vector<SliceRef> slices;
+    std::vector<Run> runs;  // sorted by begin
   };
   std::string dir_, index_path_;
   std::map<std::string, Entry> tensors_;
@@ -496,6 +549,35 @@ void check_params_present(const models::Model& model, const SafetensorsSet& set,
                              "'; for a Hugging Face directory set checkpoint.initial_load_in_hf");
 }
 
+// The data held for p (all of it, or its tensor/expert-parallel slice), elements [a, z), of
+// tensor `name` of a native set.
+void read_held(const SafetensorsSet& set, const std::string& name, const models::ParamInfo& p,
+               int64_t a, int64_t z, float* dst) {
+  models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t len) {
+    set.read_f32_range(name, p.shape, w, w + len, dst + (l - a));
+  });
+}
+
+// A native set's weights into a model that holds slices (or, with unit_done, unit by unit): the
+// files of `sets` checked first (one hashing pass over the mappings), then only the data held
+// read, and the buffers the set has.
+void read_weights_held(models::Model& model, const SafetensorsSet& weights, const std::string& dir,
+                       const std::optional<std::map<std::string, FileSum>>& sums,
+                       const UnitDone& unit_done,
+                       std::initializer_list<const SafetensorsSet*> sets) {
+  if (sums) {
+    std::map<std::string, Mapped> mapped;
+    for (const auto& [name, f] : files_in(dir, sets)) mapped[name] = {f->bytes(), f->size()};
+    verify_checksums(dir, mapped);
+  }
+  check_params_present(model, weights, dir);
+  for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
+    read_held(weights, p.fqn, p, 0, p.numel, model.param_data() + p.offset);
+  });
+  for (const auto& b : model.buffers())
+    if (weights.find(b.fqn)) weights.read_f32(b.fqn, b.shape, b.data);
+}
+
 void read_weights(models::Model& model, const SafetensorsSet& set, const std::string& path, bool hf,
                   const std::optional<std::map<std::string, FileSum>>& sums, const Segments* only) {
   if (hf) {
@@ -508,6 +590,11 @@ void read_weights(models::Model& model, const SafetensorsSet& set, const std::st
       throw;
     }
     set.set_progress(nullptr);
+    return;
+  }
+  if (std::any_of(model.params().begin(), model.params().end(),
+                  [](const models::ParamInfo& p) { return p.split_dim >= 0; })) {
+    read_weights_held(model, set, path, sums, {}, {&set});
     return;
   }
   check_params_present(model, set, path);
@@ -685,10 +772,12 @@ void Checkpointer::clean_stale() {
 
 std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
                                              float* exp_avg_sq, const Segments& opt,
-                                             const UnitDone& unit_done, bool initial_weights) {
+                                             const UnitDone& unit_done) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
   const Segments* slices = unit_done ? &opt : nullptr;
+  const bool held = std::any_of(model.params().begin(), model.params().end(),
+                                [](const models::ParamInfo& p) { return p.split_dim >= 0; });
   if (k.enable) clean_stale();
   const std::vector<StepDir> dirs = k.enable ? step_dirs(folder_) : std::vector<StepDir>{};
   if (!dirs.empty()) {
@@ -742,15 +831,14 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
       throw Error(std::string(e.what()) + older_hint(dirs, pick->step));
     }
   }
-  if (!initial_weights) return std::nullopt;
   if (!k.initial_load_path.empty()) {
     load_model_weights(model, k.initial_load_path, k.initial_load_in_hf, true, slices);
     log::info("Loaded initial weights from " + k.initial_load_path +
-              (slices && k.initial_load_in_hf ? " (this rank's slices)" : ""));
+              ((slices && k.initial_load_in_hf) || held ? " (this rank's slices)" : ""));
   } else if (k.initial_load_in_hf) {
     load_model_weights(model, cfg_.model.hf_assets_path, true, true, slices);
     log::info("Loaded Hugging Face weights from " + cfg_.model.hf_assets_path +
-              (slices ? " (this rank's slices)" : ""));
+              (slices || held ? " (this rank's slices)" : ""));
   }
   return std::nullopt;
 }
@@ -784,25 +872,7 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
   if (!whole || unit_done) {
     // A shard of the state: every file checked first (one hashing pass over the mappings), then
     // the weights copied unit by unit and only this rank's slices of the moments.
-    if (sums) {
-      std::map<std::string, Mapped> mapped;
-      for (const auto& [name, f] : files_in(dir, {&weights, &opt_set}))
-        mapped[name] = {f->bytes(), f->size()};
-      verify_checksums(dir, mapped);
-    }
-    check_params_present(model, weights, dir);
-    // The data held for p (all of it, or its tensor/expert-parallel slice), elements [a, z).
-    auto read_held = [](const SafetensorsSet& set, const std::string& name,
-                        const models::ParamInfo& p, int64_t a, int64_t z, float* dst) {
-      models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t len) {
-        set.read_f32_range(name, p.shape, w, w + len, dst + (l - a));
-      });
-    };
-    for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
-      read_held(weights, p.fqn, p, 0, p.numel, model.param_data() + p.offset);
-    });
-    for (const auto& b : model.buffers())
-      if (weights.find(b.fqn)) weights.read_f32(b.fqn, b.shape, b.data);
+    read_weights_held(model, weights, dir, sums, unit_done, {&weights, &opt_set});
     for (const Slice& sl : slices_in(model, opt))
       for (const auto& [name, dst] : {std::pair{"exp_avg." + sl.p->fqn, exp_avg},
                                       std::pair{"exp_avg_sq." + sl.p->fqn, exp_avg_sq}}) {
@@ -904,51 +974,60 @@ std::string Checkpointer::sharded_begin(int64_t step) {
   return temp_sibling(fs::path(folder_) / step_name(step)).string();
 }
 
-json Checkpointer::write_shard(const std::string& tmp, int64_t rank,
-                               const std::vector<Segments>& shards, const models::Model& model,
-                               const float* params, const float* exp_avg,
-                               const float* exp_avg_sq) const {
-  const std::string name = shard_file_name(rank, static_cast<int64_t>(shards.size()));
+json Checkpointer::write_shard(const std::string& tmp, int64_t writer, int64_t writers,
+                               const Segments& segs, const models::Model& model,
+                               const float* params, const float* exp_avg, const float* exp_avg_sq,
+                               bool with_replicated) const {
+  const std::string name = shard_file_name(writer, writers);
   const std::string path = (fs::path(tmp) / name).string();
   std::vector<WriteTensor> tensors;
-  for (const Slice& sl : slices_in(model, shards[static_cast<size_t>(rank)])) {
+  json slices = json::object();
+  for (const Slice& sl : slices_in(model, segs)) {
+    if (!with_replicated && sl.p->split_dim < 0) continue;
     const std::vector<int64_t> shape{sl.end - sl.begin};
     const float* w = params ? params + sl.at : model.param_data() + sl.p->offset + sl.begin;
     tensors.push_back({sl.p->fqn, DType::F32, shape, w});
     tensors.push_back({"exp_avg." + sl.p->fqn, DType::F32, shape, exp_avg + sl.at});
     tensors.push_back({"exp_avg_sq." + sl.p->fqn, DType::F32, shape, exp_avg_sq + sl.at});
+    json entries = json::array();
+    run_groups(*sl.p, sl.begin, sl.end,
+               [&](const RunGroup& g) { entries.push_back(g.to_json(name)); });
+    for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
+      for (const auto& e : entries) slices[prefix + sl.p->fqn].push_back(e);
   }
-  if (rank == 0)
-    for (const auto& b : model.buffers())
+  if (writer == 0)
+    for (const auto& b : model.buffers()) {
       tensors.push_back({b.fqn, DType::F32, {numel_of(b.shape)}, b.data});
-  write_file(path, tensors, {{"titan_shard", std::to_string(rank)}});
+      slices[b.fqn].push_back(json::array({name, 0, numel_of(b.shape)}));
+    }
+  write_file(path, tensors, {{"titan_shard", std::to_string(writer)}});
   test::kill_point("save:shard");
-  return {{name, file_checksum_entry(path)}};
+  return {{"sums", {{name, file_checksum_entry(path)}}}, {"slices", slices}};
 }
 
 void Checkpointer::sharded_commit(const std::string& tmp_dir, const TrainState& st,
-                                  const models::Model& model, const std::vector<Segments>& segs,
-                                  const json& sums) {
+                                  const models::Model& model, const json& written) {
   const fs::path tmp(tmp_dir), dst = fs::path(folder_) / step_name(st.step);
-  const int64_t shards = static_cast<int64_t>(segs.size());
+  const int64_t shards = static_cast<int64_t>(written.size());
   try {
-    json tensors = json::object();
+    json tensors = json::object(), sums = json::object();
     for (const auto& p : model.params())
       if (!p.alias)
         for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
           tensors[prefix + p.fqn] = {{"shape", p.shape}, {"slices", json::array()}};
-    for (int64_t r = 0; r < shards; ++r)
-      for (const Slice& sl : slices_in(model, segs[static_cast<size_t>(r)]))
-        for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."})
-          tensors[prefix + sl.p->fqn]["slices"].push_back(
-              json::array({shard_file_name(r, shards), sl.begin, sl.end}));
     for (const auto& b : model.buffers())
-      tensors[b.fqn] = {
-          {"shape", b.shape},
-          {"slices",
-           json::array({json::array({shard_file_name(0, shards), 0, numel_of(b.shape)})})}};
+      tensors[b.fqn] = {{"shape", b.shape}, {"slices", json::array()}};
+    bool strided = false;
+    for (const auto& w : written) {
+      sums.update(w.at("sums"));
+      for (const auto& [name, entries] : w.at("slices").items())
+        for (const auto& e : entries) {
+          strided = strided || e.size() > 3;
+          tensors.at(name)["slices"].push_back(e);
+        }
+    }
     write_json(tmp / kShardedIndexName, {{"format", "titan-sharded-checkpoint"},
-                                         {"version", 1},
+                                         {"version", strided ? 2 : 1},
                                          {"shards", shards},
                                          {"tensors", tensors}});
     write_train_state(tmp, st);
@@ -957,7 +1036,7 @@ void Checkpointer::sharded_commit(const std::string& tmp_dir, const TrainState& 
     test::kill_point("save:checksums");
     io::fsync_dir(tmp.string());
     commit_dir(tmp, dst);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw Error("cannot save checkpoint " + dst.string() +

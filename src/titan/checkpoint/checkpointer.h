@@ -10,17 +10,24 @@
 // data settings it was trained with), checksums.json (size and XXH3-64 of every other file,
 // checked before loading; checksums.h).
 //
-// Sharded layout of step-N/ (data parallelism with sharding, FSDP/HSDP: the ranks of one replica
-// write in parallel, each its own range of the flat parameter buffer, models/model.h):
-//   shard-0000r-of-0000S.safetensors  rank r's slice of every parameter and AdamW moment that
-//       overlaps its range, each a 1-D F32 tensor under the unsharded name (FQN, exp_avg.FQN,
+// Sharded layout of step-N/ (FSDP/HSDP, tensor and expert parallelism: the ranks of one replica
+// write in parallel, each what it holds: its range of the flat parameter buffer, models/model.h,
+// of its slices of the tensors; a parameter replicated over a tp group is written by tp rank 0):
+//   shard-0000r-of-0000S.safetensors  rank r's elements of every parameter and AdamW moment it
+//       writes, each a 1-D F32 tensor under the unsharded name (FQN, exp_avg.FQN,
 //       exp_avg_sq.FQN); shard 0 also holds the persistent buffers whole;
-//   checkpoint.index.json  {"format": "titan-sharded-checkpoint", "version": 1, "shards": S,
-//       "tensors": {name: {"shape": [global shape], "slices": [[file, begin, end], ...]}}}: the
-//       range [begin, end) of each tensor's flattened elements that each file holds;
+//   checkpoint.index.json  {"format": "titan-sharded-checkpoint", "version": 1 or 2, "shards": S,
+//       "tensors": {name: {"shape": [global shape], "slices": [entry, ...]}}}, an entry telling
+//       which elements of the flattened tensor a file holds: [file, begin, end] the range
+//       [begin, end) as the file's tensor; version 2 adds [file, begin, end, at, count, stride]:
+//       `count` runs of end − begin elements, run i at begin + i·stride of the tensor and at
+//       at + i·(end − begin) of the file's (a tensor-parallel slice: rows cut on a dimension).
+//       Version 1 is written when every entry is of the first kind (data parallelism alone).
+//       The entries must cover every tensor exactly once (else the load names the tensor and the
+//       element where a slice is missing);
 //   train_state.json and checksums.json as above (each shard's checksums computed by its writer).
-// Either layout loads into any layout (and one process): every rank reads the whole parameters
-// and the slices of the moments that overlap its own range; the full tensors come out bitwise.
+// Either layout loads into any layout (and one process): every rank reads the parameters (or
+// the slices) it holds and the moments of its own range; the full tensors come out bitwise.
 // The commit: rank 0 makes step-N.tmp-PID, every writer writes its file there, and after a
 // barrier rank 0 writes the index, the train state and the checksums and renames the folder to
 // step-N. The rename is the marker: a folder without it is never loaded (a killed job's is
@@ -90,11 +97,9 @@ class Checkpointer {
   // unit_done called after each; Hugging Face initial weights are read only within `opt` (the
   // rank's slices, from the memory-mapped files); native initial weights are read whole.
   // A model that holds slices of its parameters (tensor/expert parallelism: ParamInfo::
-  // split_dim) resumes just those slices from either layout; initial_weights false leaves the
-  // initial weights alone (returns nullopt without reading them).
+  // split_dim) reads just those slices, of checkpoints of any layout and of initial weights.
   std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
-                                 const Segments& opt = {}, const UnitDone& unit_done = {},
-                                 bool initial_weights = true);
+                                 const Segments& opt = {}, const UnitDone& unit_done = {});
 
   // Whether a save is due after `step` (enabled, and interval or last).
   bool due(int64_t step, bool last) const {
@@ -108,18 +113,22 @@ class Checkpointer {
   // A sharded save (the layout above), in the three parts the trainer calls around its
   // collectives. Rank 0: the fresh temporary folder of step-N.
   std::string sharded_begin(int64_t step);
-  // Every writer: its shard file in tmp (shards[r] = rank r's segments; params, exp_avg and
-  // exp_avg_sq hold this rank's, concatenated; params nullptr: the model's own, whole).
-  // Returns the file's entry of checksums.json as {name: entry}.
-  nlohmann::json write_shard(const std::string& tmp, int64_t rank,
-                             const std::vector<Segments>& shards, const models::Model& model,
-                             const float* params, const float* exp_avg,
-                             const float* exp_avg_sq) const;
-  // Rank 0, once every writer has finished: the index, train state and checksums (`sums`: the
-  // writers' entries merged), then the rename to step-N and the purge of older steps. On failure
-  // tmp is removed and titan::Error names the file.
+  // Every writer (writer w of `writers`: world rank w of replica 0): its shard file in tmp,
+  // holding the elements of every (non-alias) parameter that lie in segs (this rank's FSDP
+  // segments, or the whole flat buffer), of the slice it holds under tensor/expert parallelism,
+  // and of their AdamW moments; params, exp_avg and exp_avg_sq concatenate segs (params nullptr:
+  // the model's own). with_replicated false: the parameters this rank holds whole (replicated
+  // over its tp group) are left to tp rank 0. Writer 0 also writes the persistent buffers.
+  // Returns {"sums": its checksums.json entry, "slices": {tensor: its index entries}}.
+  nlohmann::json write_shard(const std::string& tmp, int64_t writer, int64_t writers,
+                             const Segments& segs, const models::Model& model, const float* params,
+                             const float* exp_avg, const float* exp_avg_sq,
+                             bool with_replicated = true) const;
+  // Rank 0, once every writer has finished (`written`: their returns, in writer order): the
+  // index, train state and checksums, then the rename to step-N and the purge of older steps.
+  // On failure tmp is removed and titan::Error names the file.
   void sharded_commit(const std::string& tmp, const TrainState& st, const models::Model& model,
-                      const std::vector<Segments>& shards, const nlohmann::json& sums);
+                      const nlohmann::json& written);
 
   // The last save as a Hugging Face export (last_save_in_hf) by the ranks of a sharded run, in
   // parallel: rank 0 makes the temporary folder (sharded_begin); the writer of each part fills

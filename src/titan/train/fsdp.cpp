@@ -17,7 +17,6 @@ Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& p
   for (const auto& p : model.params()) tied_ = tied_ || p.alias;
   const auto units = model.param_units();
   const int64_t head = static_cast<int64_t>(units.size()) - 1;
-  shards_.assign(static_cast<size_t>(group.size()), {});
   for (int64_t i = 0; i <= head; ++i) {
     // The unit's pieces: runs of parameters sharded over the same group (the ep-split experts
     // over expert_group, the rest over group), in flat order.
@@ -43,8 +42,6 @@ Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& p
       for (int64_t q = 0; q < S; ++q) {
         const int64_t n = std::clamp<int64_t>(u.len - q * block, 0, block);
         u.counts.push_back(n);
-        if (n > 0 && u.group == &group_)
-          shards_[static_cast<size_t>(q)].push_back({u.begin + q * block, n});
       }
       u.own = u.begin + std::min(u.len, rank * block);
       u.at = shard_len_;
@@ -62,8 +59,6 @@ Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& p
     }
   }
   first_piece_.push_back(pieces_.size());
-  one_group_ = std::all_of(pieces_.begin(), pieces_.end(),
-                           [this](const Piece& u) { return u.group == &group_; });
   master_.resize(shard_len_);
   grad_shard_.resize(shard_len_);
   int64_t scratch = 0;  // one unit's reduce-scattered blocks, every piece's
@@ -74,11 +69,6 @@ Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& p
     scratch = std::max(scratch, n);
   }
   scratch_.resize(scratch);
-}
-
-const std::vector<ckpt::Segments>& Fsdp::shards() const {
-  check(one_group_, "FSDP: the shards of experts sharded over another group have no common index");
-  return shards_;
 }
 
 void Fsdp::wait(dist::Request& r) {

@@ -50,10 +50,6 @@ class Fsdp final : public models::ParamHooks {
   Fsdp(models::Model& model, dist::Communicator& group, const std::string& reshard_after_forward,
        bool bf16_gather = false, dist::Communicator* expert_group = nullptr);
 
-  // The segments of the flat buffer that rank r of the group owns (its shard buffers concatenate
-  // them): for the checkpoint index and the optimizer-state load. Only where every parameter is
-  // sharded over group (throws titan::Error otherwise).
-  const std::vector<ckpt::Segments>& shards() const;
   // This rank's segments, in the order its shard buffers concatenate them.
   const ckpt::Segments& own_segments() const { return own_; }
   int64_t shard_len() const { return shard_len_; }
@@ -137,10 +133,8 @@ class Fsdp final : public models::ParamHooks {
   dist::Communicator& group_;
   std::vector<Piece> pieces_;
   std::vector<size_t> first_piece_;  // unit i: pieces [first_piece_[i], first_piece_[i+1])
-  std::vector<ckpt::Segments> shards_;
   ckpt::Segments own_;
   bool tied_ = false;  // lm_head is the embedding's storage (unit 0 is in the head's group)
-  bool one_group_ = true;
   int64_t shard_len_ = 0, largest_unit_ = 0;
   Buffer<float> master_, grad_shard_, scratch_;  // scratch_: one unit's reduce-scattered blocks
   std::vector<std::pair<Reducing, std::unique_ptr<dist::Request>>> reducing_;  // in flight

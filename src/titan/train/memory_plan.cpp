@@ -100,7 +100,6 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   const int64_t local = dense + experts;  // a rank's slices, unsharded
   const int64_t ps =
       4 * (ceil_div(dense, dp_shard) + ceil_div(experts, dims.ep > 1 ? dims.efsdp() : dp_shard));
-  const int64_t p = 4 * whole;
   int64_t saved = 0, work = 0, n_saved = 0;
   for (const auto& s : m.activation_table()) {
     (s.saved ? saved : work) += tp_local(s, dims);
@@ -175,11 +174,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
                                : "gathered: head group + 2 largest units (fp32 w+g)",
                           (bf16 ? 10 : 8) * (head + 2 * other)});
-    // Native initial weights are loaded whole before the masters are sharded (a resumed
-    // checkpoint is read unit by unit, Hugging Face weights only in the rank's slices).
+    // Native initial weights are loaded whole (a TP/EP rank: its slices whole) before the
+    // masters are sharded (a resumed checkpoint is read unit by unit, Hugging Face weights only
+    // in the rank's shard).
     const auto& k = cfg.checkpoint;
     if (!k.initial_load_path.empty() && !k.initial_load_in_hf)
-      plan.lines.push_back({"initial weights: whole before sharding (given back)", p});
+      plan.lines.push_back({"initial weights: whole before sharding (given back)", 4 * local});
   }
   if (bf16 && m.frozen_base_weights() > 0) {
     // LoRA under bf16: the base is read (or initialized) in fp32 whole, then each unit's

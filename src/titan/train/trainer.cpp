@@ -207,12 +207,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (fsdp_) take_unit = [this](int64_t u) { fsdp_->take_unit(u); };
   const auto& k = cfg_.checkpoint;
   const bool initial = !k.initial_load_path.empty() || k.initial_load_in_hf;
-  // A tensor/expert-parallel model resumes its slices of the whole tensors of any layout; its
-  // initial weights are read whole, then sliced (load_initial_sliced).
+  // A tensor/expert-parallel model reads only its slices of the whole tensors of any layout,
+  // from a checkpoint or initial weights.
   loaded = checkpointer_->load(*model_, m_.data(), v_.data(),
-                               fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit,
-                               /*initial_weights=*/!sliced());
-  if (!loaded && initial && sliced()) load_initial_sliced();
+                               fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit);
   if (rank0()) dist::world().barrier();
   if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
                 // slices), then sharded
@@ -319,37 +317,14 @@ models::Model& Trainer::whole_model() {
   return *whole_;
 }
 
-void Trainer::load_initial_sliced() {
-  models::Model& w = whole_model();
-  checkpointer_->load(w, nullptr, nullptr);  // no checkpoint to resume: the initial weights
-  const models::Model& whole = w;
-  TensorParallel::slice(*model_, model_->param_data(), whole, whole.param_data());
-  TensorParallel::copy_buffers(whole, *model_);
-  whole_.reset();
-}
-
-void Trainer::save_sliced(const ckpt::TrainState& st, bool last) {
+void Trainer::export_sliced(const ckpt::TrainState& st, bool last) {
   models::Model& w = whole_model();
   const models::Model& local = *model_;
-  const int64_t N = w.num_params(), n = local.num_params();
-  std::vector<float> lm, lv, wm(static_cast<size_t>(N)), wv(wm.size());
-  const float* m = m_.data();
-  const float* v = v_.data();
-  if (fsdp_) {  // this rank's slice whole: weights in the model, moments gathered alike
-    fsdp_->gather_all();
-    lm.resize(static_cast<size_t>(n));
-    lv.resize(lm.size());
-    fsdp_->gather_whole(m_.data(), lm.data());
-    fsdp_->gather_whole(v_.data(), lv.data());
-    m = lm.data();
-    v = lv.data();
-  }
+  if (fsdp_) fsdp_->gather_all();  // this rank's slice whole
   TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, local.param_data(), w, w.param_data());
   TensorParallel::copy_buffers(local, w);
-  TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, m, w, wm.data());
-  TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, v, w, wv.data());
   if (fsdp_) fsdp_->reshard_all();
-  if (rank0()) checkpointer_->maybe_save(st, last, w, wm.data(), wv.data());
+  if (rank0()) checkpointer_->maybe_save(st, last, w, nullptr, nullptr);
   whole_.reset();
 }
 
@@ -555,29 +530,32 @@ void Trainer::maybe_checkpoint() {
   if (dims_.batch() > 1)
     st.dataloader = {{"dp_world", dims_.batch()},
                      {"dp_ranks", gather_json(*mesh_.batch, st.dataloader)}};
-  if (sliced()) {  // the whole model (every slice gathered) in the one-process layout, by rank 0
-    save_sliced(st, last);
+  const bool model_only = last && cfg_.checkpoint.last_save_model_only;
+  if (sliced() && model_only) {  // the whole model (every slice gathered), written by rank 0
+    export_sliced(st, last);
     dist::world().barrier();
     return;
   }
-  if (dims_.batch() == 1) {
+  if (dims_.batch() == 1 && !sliced()) {
     checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
     return;
   }
-  if (dims_.sharded() && !(last && cfg_.checkpoint.last_save_model_only)) {
-    // Sharded: the ranks of replica 0 write their shards in parallel into rank 0's temporary
-    // folder; rank 0 commits it once all have finished (checkpointer.h).
+  if ((dims_.sharded() || sliced()) && !model_only) {
+    // Sharded: the ranks of replica 0 (world ranks 0 .. dp_shard·tp − 1) write what they hold in
+    // parallel into rank 0's temporary folder; rank 0 commits it once all have finished
+    // (checkpointer.h).
     std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
     broadcast_string(dist::world(), &tmp, 0);
-    if (mesh_.replicate_rank == 0) {
-      const nlohmann::json mine = checkpointer_->write_shard(
-          tmp, mesh_.fsdp_rank, fsdp_->shards(), *model_, fsdp_->master(), m_.data(), v_.data());
-      const nlohmann::json all = gather_json(*mesh_.fsdp, mine);
-      if (rank0()) {
-        nlohmann::json sums = nlohmann::json::object();
-        for (const auto& entry : all) sums.update(entry);
-        checkpointer_->sharded_commit(tmp, st, *model_, fsdp_->shards(), sums);
-      }
+    nlohmann::json mine;
+    if (mesh_.replicate_rank == 0)
+      mine = checkpointer_->write_shard(
+          tmp, dist::world().rank(), dims_.world / dims_.dp_replicate,
+          fsdp_ ? fsdp_->own_segments() : ckpt::Segments{{0, model_->num_params()}}, *model_,
+          fsdp_ ? fsdp_->master() : nullptr, m_.data(), v_.data(), mesh_.tp_rank == 0);
+    nlohmann::json all = gather_json(dist::world(), mine);
+    if (rank0()) {
+      all.erase(std::remove(all.begin(), all.end(), nlohmann::json()), all.end());
+      checkpointer_->sharded_commit(tmp, st, *model_, all);
     }
   } else if (fsdp_ && cfg_.checkpoint.last_save_in_hf) {
     // The Hugging Face export in parallel: unit u's tensors go to part u mod P (P = the ranks of

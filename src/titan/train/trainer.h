@@ -74,8 +74,8 @@ class Trainer {
   int64_t ep_comm_bytes_ = 0;
   std::shared_ptr<DispatchBuffers> ep_buffers_;  // expert parallelism's (null without)
   DispatchSeconds ep_seconds_;                   // their time in the steps so far
-  // Tensor parallelism (tp > 1): the tp group's hooks; the whole model checkpoints and initial
-  // weights go through (weights only, built when needed and dropped after); the steps' bytes and
+  // Tensor parallelism (tp > 1): the tp group's hooks; the whole model the model-only export
+  // goes through (weights only, built when needed and dropped after); the steps' bytes and
   // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
   // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
   std::unique_ptr<TensorParallel> tp_;
@@ -85,11 +85,11 @@ class Trainer {
   std::vector<models::FlatRange> replicated_;
   models::Model& whole_model();
   // A model built for a slice of the layout (tensor parallelism, or expert parallelism's own
-  // experts): its initial weights read into the whole model, then sliced (a checkpoint resumes
-  // the slices directly); the save: every slice gathered, rank 0 writes the whole model.
+  // experts): it reads only its slices (checkpoints and initial weights); checkpoints are
+  // sharded, each rank writing its slices; the model-only export at the end: every slice
+  // gathered, rank 0 writes the whole model.
   bool sliced() const { return dims_.tp > 1 || dims_.ep > 1; }
-  void load_initial_sliced();
-  void save_sliced(const ckpt::TrainState& st, bool last);
+  void export_sliced(const ckpt::TrainState& st, bool last);
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;

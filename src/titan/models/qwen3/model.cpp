@@ -1118,7 +1118,6 @@ std::vector<models::HfTensor> Qwen3Model::hf_tensors() const {
 
 void Qwen3Model::load_hf(const TensorSource& src, const std::string& where,
                          const std::vector<models::FlatRange>* only) {
-  check(!tp_.active(), "Hugging Face weights load into a whole model (then sliced)");
   restore_masters();
   mark_stale();
   load_hf_weights(*this, src, where, only);

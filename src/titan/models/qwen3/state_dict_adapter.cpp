@@ -79,7 +79,7 @@ std::vector<HfTensor> hf_tensors(const Qwen3Model& model) {
       const std::string w = rest.substr(12);
       for (const auto& [t, h] : experts) {
         if (w != t) continue;
-        const int64_t E = p.shape[0], per = p.numel / E;
+        const int64_t E = p.shape[0], per = p.shape[1] * p.shape[2];
         for (int64_t e = 0; e < E; ++e)
           out.push_back(
               {"model.layers." + idx + ".mlp.experts." + std::to_string(e) + "." + h + ".weight",
@@ -95,30 +95,15 @@ std::vector<HfTensor> hf_tensors(const Qwen3Model& model) {
 }
 
 namespace {
-// Reads the fused on-disk experts of MoE layers that have them (save_original_format=False):
-// gate_up_proj [E,2F,D] -> w1 = rows [0,F), w3 = rows [F,2F); down_proj [E,D,F] -> w2. Returns the
-// Elements [from, from + n) of tensor `key` into the flat parameters at [to, to + n): all of them,
-// or with `only` just the parts within those ranges.
-void read_into(Qwen3Model& model, const TensorSource& set, const std::string& key,
-               const std::vector<int64_t>& shape, int64_t from, int64_t n, int64_t to,
-               const std::vector<models::FlatRange>* only) {
-  float* P = model.param_data();
-  if (!only) {
-    set.read_f32_range(key, shape, from, from + n, P + to);
-    return;
-  }
-  for (const auto& r : *only) {
-    const int64_t lo = std::max(r.begin, to), hi = std::min(r.begin + r.len, to + n);
-    if (lo < hi) set.read_f32_range(key, shape, from + (lo - to), from + (hi - to), P + lo);
-  }
-}
-
-// per-expert keys so satisfied; shape problems go to bad_shape.
-std::set<std::string> load_fused_experts(Qwen3Model& model, const TensorSource& set,
-                                         std::set<std::string>* used,
-                                         std::vector<std::string>* bad_shape,
-                                         const std::vector<models::FlatRange>* only) {
-  std::set<std::string> done;
+// The MoE layers whose experts are fused on disk (save_original_format=False): gate_up_proj
+// [E,2F,D] (w1 = rows [0,F) of each expert, w3 = rows [F,2F)) and down_proj [E,D,F] (w2). Their
+// keys go to used, their per-expert keys to per_expert (so satisfied); shape problems to
+// bad_shape.
+std::set<int64_t> fused_expert_layers(const Qwen3Model& model, const TensorSource& set,
+                                      std::set<std::string>* used,
+                                      std::set<std::string>* per_expert,
+                                      std::vector<std::string>* bad_shape) {
+  std::set<int64_t> fused;
   const Qwen3Args& a = model.args();
   const int64_t E = a.num_experts, F = a.moe_hidden_dim, D = a.dim;
   for (int64_t l = 0; l < a.n_layers; ++l) {
@@ -136,43 +121,63 @@ std::set<std::string> load_fused_experts(Qwen3Model& model, const TensorSource& 
                            shape_str(dn_shape) + ")");
       continue;
     }
-    const std::string fq = "layers." + std::to_string(l) + ".moe.experts.";
-    // gate_up_proj[e] = [gate (w1[e]); up (w3[e])]
-    const int64_t w1 = model.param(fq + "w1").offset, w3 = model.param(fq + "w3").offset;
-    for (int64_t e = 0; e < E; ++e) {
-      read_into(model, set, pre + "gate_up_proj", gu_shape, e * 2 * F * D, F * D, w1 + e * F * D,
-                only);
-      read_into(model, set, pre + "gate_up_proj", gu_shape, e * 2 * F * D + F * D, F * D,
-                w3 + e * F * D, only);
-    }
-    read_into(model, set, pre + "down_proj", dn_shape, 0, E * D * F, model.param(fq + "w2").offset,
-              only);
+    fused.insert(l);
     for (int64_t e = 0; e < E; ++e)
       for (const char* h : {"gate_proj", "up_proj", "down_proj"})
-        done.insert(pre + std::to_string(e) + "." + h + ".weight");
+        per_expert->insert(pre + std::to_string(e) + "." + h + ".weight");
   }
-  return done;
+  return fused;
+}
+
+// dst[0, n) ← elements [w, w + n) of parameter p's whole tensor (flattened): from its HF tensor,
+// or for routed experts from the per-expert tensors the range crosses (or the fused ones).
+void read_whole_range(const TensorSource& set, const models::ParamInfo& p,
+                      const std::set<int64_t>& fused, int64_t w, int64_t n, float* dst) {
+  const auto [idx, rest] = split_layer(p.fqn, "layers.");
+  if (idx.empty() || rest.rfind("moe.experts.", 0) != 0) {
+    set.read_f32_range(to_hf_key(p.fqn), p.shape, w, w + n, dst);
+    return;
+  }
+  const std::string which = rest.substr(12), pre = "model.layers." + idx + ".mlp.experts.";
+  const int64_t E = p.shape[0], per = p.shape[1] * p.shape[2];
+  if (fused.count(std::stoll(idx))) {
+    if (which == "w2") {  // down_proj [E, D, F] is w2 itself
+      set.read_f32_range(pre + "down_proj", p.shape, w, w + n, dst);
+      return;
+    }
+    const std::vector<int64_t> gu{E, 2 * p.shape[1], p.shape[2]};
+    while (n > 0) {  // gate_up_proj[e] = [w1[e]; w3[e]]
+      const int64_t e = w / per, r = w % per, m = std::min(n, per - r);
+      const int64_t from = e * 2 * per + (which == "w3" ? per : 0) + r;
+      set.read_f32_range(pre + "gate_up_proj", gu, from, from + m, dst);
+      w += m, n -= m, dst += m;
+    }
+    return;
+  }
+  const char* h = which == "w1" ? "gate_proj" : which == "w3" ? "up_proj" : "down_proj";
+  while (n > 0) {
+    const int64_t e = w / per, r = w % per, m = std::min(n, per - r);
+    set.read_f32_range(pre + std::to_string(e) + "." + h + ".weight", {p.shape[1], p.shape[2]}, r,
+                       r + m, dst);
+    w += m, n -= m, dst += m;
+  }
 }
 }  // namespace
 
 void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where,
                      const std::vector<models::FlatRange>* only) {
   std::vector<std::string> missing, bad_shape, unexpected;
-  std::set<std::string> used;
-  const std::set<std::string> fused = load_fused_experts(model, set, &used, &bad_shape, only);
-  std::map<std::string, HfTensor> wanted;  // HF key -> where it goes
-  for (auto& t : hf_tensors(model))
-    if (!fused.count(t.key)) wanted[t.key] = t;
-  for (const auto& [key, p] : wanted) {
-    const std::vector<int64_t>* t = set.shape_of(key);
-    if (!t) {
+  std::set<std::string> used, per_expert;
+  const std::set<int64_t> fused = fused_expert_layers(model, set, &used, &per_expert, &bad_shape);
+  std::map<std::string, std::vector<int64_t>> wanted;  // HF key -> its shape, sorted
+  for (const auto& t : hf_tensors(model))
+    if (!per_expert.count(t.key)) wanted[t.key] = t.shape;
+  for (const auto& [key, want] : wanted) {
+    const std::vector<int64_t>* shape = set.shape_of(key);
+    if (!shape)
       missing.push_back(key);
-      continue;
-    }
-    if (*t != p.shape) {
-      bad_shape.push_back(key + " " + shape_str(*t) + " (expected " + shape_str(p.shape) + ")");
-      continue;
-    }
+    else if (*shape != want)
+      bad_shape.push_back(key + " " + shape_str(*shape) + " (expected " + shape_str(want) + ")");
   }
   for (const auto& key : set.names()) {
     if (wanted.count(key) || used.count(key)) continue;
@@ -193,10 +198,25 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
     throw Error(msg + " check that config.json and the weights belong together");
   }
-  for (const auto& [key, p] : wanted) {
-    int64_t n = 1;
-    for (int64_t d : p.shape) n *= d;
-    read_into(model, set, key, p.shape, 0, n, p.offset, only);
+  // Each parameter's data held here (its tensor/expert-parallel slice, or all of it), within
+  // `only` when given.
+  float* P = model.param_data();
+  for (const auto& p : model.params()) {
+    if (p.alias) continue;
+    auto read_held = [&](int64_t a, int64_t z) {
+      models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t n) {
+        read_whole_range(set, p, fused, w, n, P + p.offset + l);
+      });
+    };
+    if (!only) {
+      read_held(0, p.numel);
+      continue;
+    }
+    for (const auto& r : *only) {
+      const int64_t lo = std::max(r.begin, p.offset),
+                    hi = std::min(r.begin + r.len, p.offset + p.numel);
+      if (lo < hi) read_held(lo - p.offset, hi - p.offset);
+    }
   }
 }
 

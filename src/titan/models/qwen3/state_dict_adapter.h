@@ -13,7 +13,8 @@ namespace titan::qwen3 {
 
 using models::HfTensor;
 
-// Every HF tensor of the model (the tied lm_head omitted), experts split per expert.
+// Every HF tensor of the model (the tied lm_head omitted), experts split per expert; the offsets
+// are those of a model built whole.
 std::vector<HfTensor> hf_tensors(const Qwen3Model& model);
 
 // "layers.3.attention.wq.weight" -> "model.layers.3.self_attn.q_proj.weight"; throws for an
@@ -26,7 +27,9 @@ std::string from_hf_key(const std::string& key);
 // on disk). A tied model accepts lm_head.weight present or absent; MoE experts are read per expert
 // or from the fused layout (mlp.experts.gate_up_proj [E,2F,D], mlp.experts.down_proj [E,D,F]).
 // Missing, unexpected and mis-shaped keys are all reported at once in one titan::Error naming
-// `where`.
+// `where`. A model built for a tensor/expert-parallel slice reads just its slices (runs of the
+// whole tensors, models::for_each_whole_run); `only` limits the reads to those ranges of the flat
+// parameter buffer (a sharded trainer's).
 void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where,
                      const std::vector<models::FlatRange>* only = nullptr);
 
