@@ -11,9 +11,15 @@ bash scripts/check-layering.sh
 echo "== Release build and tests"
 bash scripts/build.sh build -DCMAKE_BUILD_TYPE=Release
 ctest --test-dir build --output-on-failure -j "$jobs"
+if [ -x build/tests/ops/cuda/titan_cuda_kernels_test ]; then  # built when CMake found nvcc
+  echo "== CUDA kernels: compiled; their test against the CPU kernels:"
+  build/tests/ops/cuda/titan_cuda_kernels_test | tail -1 || true
+else
+  echo "== CUDA kernels: not built (no nvcc)"
+fi
 echo "== ASan + UBSan build and tests"
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTITAN_SANITIZE=ON \
-  -DTITAN_BUILD_BENCHMARKS=OFF
+  -DTITAN_BUILD_BENCHMARKS=OFF -DTITAN_CUDA=OFF
 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 echo "== libFuzzer targets (${TITAN_FUZZ_SECONDS:-30} s each)"

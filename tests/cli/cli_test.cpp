@@ -15,6 +15,7 @@
 
 #include "test_util.h"
 #include "titan/checkpoint/safetensors.h"
+#include "titan/ops/device.h"
 
 namespace {
 
@@ -469,6 +470,23 @@ TEST(CliBadInput, MessagesSayWhatIsWrong) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("pass --override.imports"), std::string::npos) << r.out;
+}
+
+// training.device: an unknown device, and cuda where it cannot run (this machine: no CUDA build
+// or no GPU; with a GPU: the model does not run there yet), one line each, exit 1.
+TEST(CliBadInput, DeviceCudaSaysWhyNot) {
+  expect_error("train --config qwen3_debugmodel --training.device tpu",
+               "training.device 'tpu' is not a known device; use cpu or cuda");
+  const Result r = titan("train --config qwen3_debugmodel --training.device cuda");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("titan: error: training.device cuda: "), std::string::npos) << r.out;
+  std::string why;
+  if (!titan::ops::cuda_built())
+    EXPECT_NE(r.out.find("built without CUDA"), std::string::npos) << r.out;
+  else if (!titan::ops::cuda_usable(&why))
+    EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
+  else
+    EXPECT_NE(r.out.find("does not run on a GPU yet"), std::string::npos) << r.out;
 }
 
 // A .txt dataset_path under the default dataset was split at '%' lines (fortunes records); a

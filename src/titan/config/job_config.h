@@ -42,6 +42,9 @@ struct TrainingConfig {
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
   std::string dtype = "float32";
+  // Where the model computes: cpu, or cuda (refused with the reason: no CUDA build, no GPU, and
+  // for now the model itself does not run there; ops/device.h).
+  std::string device = "cpu";
 };
 
 struct OptimizerConfig {

@@ -14,6 +14,7 @@
 #include "titan/data/chat_dataset.h"
 #include "titan/data/dataset.h"
 #include "titan/models/registry.h"
+#include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
 #include "titan/train/expert_parallel.h"
 #include "titan/train/memory_plan.h"
@@ -89,6 +90,15 @@ config::JobConfig lora_checkpoint_config(config::JobConfig c) {
 Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
   ckpt::check_dump_folder(cfg_);
   config::validate(cfg_);
+  if (cfg_.training.device == "cuda") {
+    std::string why;
+    const bool usable = ops::cuda_usable(&why);
+    check(usable, "training.device cuda: " + why);
+    throw Error("training.device cuda: " + ops::cuda_device() +
+                " is visible, but titan's model does not run on a GPU yet: only its CUDA kernels "
+                "are built and checked against the CPU (scripts/gpu-check.sh); use "
+                "--training.device cpu");
+  }
   models::validate_model_config(cfg_);
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
   mesh_ = dist::make_meshes(dims_, dist::world());

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with an NVIDIA GPU, the CUDA toolkit and a C++ compiler but none
+# of titan's other dependencies and no package registry (the lent H200 machine): builds the CUDA
+# kernels and their test against the CPU kernels with nvcc alone (no CMake, oneDNN, MPI or
+# GoogleTest needed), runs the test and cuBLASLt's GEMM probe, and writes a summary.
+# usage: scripts/gpu-check.sh [OUT_DIR]   (default: $OUT, else ./gpu-check-out); exits non-zero
+# when the build or a check fails. Takes about a minute on 16 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-gpu-check-out}}
+mkdir -p "$out"
+build=$(mktemp -d /tmp/titan-gpu-check.XXXXXX)
+summary="$out/gpu-check-summary.txt"
+log="$out/gpu-check.log"
+: > "$log"
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+cxx=${CXX:-g++}
+{
+  echo "titan gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "nvcc: $("$nvcc" --version | tail -1)"
+  echo "host compiler: $("$cxx" --version | head -1)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+    sed 's/^/gpu: /' || echo "gpu: nvidia-smi not available"
+} | tee "$summary"
+
+# The same flags as src/titan/ops/cuda/CMakeLists.txt and tests/ops/cuda/CMakeLists.txt.
+gencode="--generate-code=arch=compute_90a,code=sm_90a --generate-code=arch=compute_90,code=compute_90"
+t0=$(date +%s)
+pids=()
+for f in src/titan/ops/cuda/runtime.cu src/titan/ops/cuda/elementwise.cu src/titan/ops/cuda/gemm.cu \
+         src/titan/optim/cuda/adamw.cu; do
+  o="$build/$(basename "$f" .cu).o"
+  "$nvcc" -std=c++17 -O3 $gencode --fmad=false -Werror=all-warnings \
+      -Xcompiler=-Wall,-Wextra,-Werror -Isrc -c "$f" -o "$o" >>"$log" 2>&1 &
+  pids+=($!)
+done
+"$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -Werror -ffp-contract=off -Isrc \
+    -c src/titan/ops/cpu/elementwise.cpp -o "$build/elementwise_cpu.o" >>"$log" 2>&1 &
+pids+=($!)
+cuda_inc=$(dirname "$(dirname "$nvcc")")/include
+for f in src/titan/optim/adamw.cpp tests/ops/cuda/kernels_test.cpp; do
+  "$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -Werror -Isrc -I"$cuda_inc" \
+      -c "$f" -o "$build/$(basename "$f" .cpp)_host.o" >>"$log" 2>&1 &
+  pids+=($!)
+done
+ok=1
+for p in "${pids[@]}"; do wait "$p" || ok=0; done
+if [ $ok = 1 ]; then
+  "$nvcc" $gencode -o "$build/titan_cuda_kernels_test" "$build"/*.o -lcublasLt -Xcompiler=-fopenmp \
+      >>"$log" 2>&1 || ok=0
+fi
+echo "build: $([ $ok = 1 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 )) s (log: $log)" |
+  tee -a "$summary"
+[ $ok = 1 ] || { tail -30 "$log"; exit 1; }
+
+set +e
+"$build/titan_cuda_kernels_test" --probe 2>&1 | tee -a "$summary"
+rc=${PIPESTATUS[0]}
+set -e
+case $rc in
+  0) echo "result: every CUDA kernel matches the CPU within its tolerance" | tee -a "$summary" ;;
+  77) echo "result: no GPU visible; nothing ran" | tee -a "$summary" ;;
+  *) echo "result: FAILED (exit $rc)" | tee -a "$summary" ;;
+esac
+# H200 dense bf16 peak (SXM): 989.4 TFLOP/s; the probe's rate as a fraction of it.
+awk '/probe: cuBLASLt bf16/ {printf "bf16 GEMM probe: %.1f%% of the H200 dense bf16 peak (989.4 TFLOP/s)\n", 100*$(NF-1)/989.4}' \
+  "$summary" | tee -a "$summary"
+rm -rf "$build"
+[ $rc = 0 ] || [ $rc = 77 ]

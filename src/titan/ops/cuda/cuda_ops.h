@@ -1,0 +1,69 @@
+// titan's CPU ops on NVIDIA GPUs (the "cuda" device of ops/backend.h): each function has the
+// signature and the semantics of the CPU op of the same name (elementwise.h, gemm.h), its
+// pointers pointing to device memory (the optimizer's: optim/cuda/adamw.h). Kernels run in order on
+// one stream; results are read after copy() (which waits for them) or synchronize().
+//
+// Built when CMake finds nvcc (option TITAN_CUDA), for Hopper (sm_90a) with a PTX fallback;
+// this header names no CUDA type, so callers compile without the toolkit. Every CUDA or cuBLAS
+// error becomes a titan::Error naming the call.
+//
+// Numerics against the CPU ops (tests/ops/cuda/kernels_test.cpp states the tolerances):
+//   embedding_bwd, rmsnorm_bwd's weight gradient: the same summation order as the CPU (rows in
+//     token order; 32 fixed row blocks, then the blocks in order): deterministic, no atomics;
+//   gemm: cuBLASLt with CUBLAS_COMPUTE_32F (fp32 products and sums, no TF32), gemm_bf16 with bf16
+//     inputs and fp32 accumulation; the order of the sums is cuBLAS's, not oneDNN's;
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "titan/ops/elementwise.h"
+
+namespace titan::ops::cuda {
+
+// ---- device and memory
+// The number of visible GPUs; 0 with *why saying why (no driver, no device: CUDA's message).
+int device_count(std::string* why);
+// "NVIDIA H200, sm_90, 139.8 GiB" for device 0.
+std::string describe_device();
+void* alloc(size_t bytes);  // cudaMalloc: 256-byte aligned, uninitialized
+void free(void* p);
+void copy(void* dst, const void* src, size_t bytes);  // either side host or device; waits
+void memset(void* dst, int value, size_t bytes);
+void synchronize();  // waits for every kernel launched; throws titan::Error on a device fault
+
+// ---- elementwise.h (ids and positions: device int32 arrays)
+// embedding_fwd checks the ids on the device and throws titan::Error as the CPU op does (one
+// device-to-host read of the first bad position).
+void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
+                   float* out);
+void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable);
+void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, float* y,
+                 float* rstd);
+// scratch: ops::rmsnorm_bwd_scratch(s) floats of device memory, as on the CPU.
+void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float* w,
+                 const float* rstd, float* dx, float* dw, float* scratch);
+void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
+              const float* cos_sin);
+void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
+              const float* cos_sin);
+void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F);
+void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t F);
+void add(const float* a, const float* b, float* out, int64_t n);
+void add_inplace(float* y, const float* x, int64_t n);
+void to_bf16(const float* x, int64_t n, uint16_t* y);
+
+// ---- gemm.h (row-major, leading dimensions in elements)
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void linear_fwd(const float* x, const float* w, float* y, int64_t M, int64_t in, int64_t out);
+void linear_bwd(const float* dy, const float* x, const float* w, float* dx, float* dw, int64_t M,
+                int64_t in, int64_t out, bool dx_accumulate);
+void linear_fwd_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t in,
+                     int64_t out, uint16_t* scratch);
+void linear_bwd_bf16(const float* dy, const float* x, const uint16_t* w, float* dx, float* dw,
+                     int64_t M, int64_t in, int64_t out, bool dx_accumulate, uint16_t* scratch);
+
+}  // namespace titan::ops::cuda

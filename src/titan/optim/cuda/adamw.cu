@@ -1,0 +1,113 @@
+// AdamW and the gradient norm on the GPU (optim/cuda/adamw.h), optim/adamw.h's contract:
+//   adamw_step     p ← p·(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²;
+//                  p ← p − (lr/(1−β1^t))·m/(sqrt(v)/sqrt(1−β2^t) + eps)   one fused pass
+//   sum_squares    Σ x² in double: kBlocks fixed blocks (grid-stride), each reduced in a fixed
+//                  tree, then the blocks in order by one block: deterministic
+//   clip_by_norm   g ← g·min(1, max_norm/(norm + 1e-6))
+// Compiled with --fmad=false, as the elementwise ops.
+#include <cmath>
+
+#include "titan/ops/cuda/runtime.h"
+#include "titan/optim/cuda/adamw.h"
+
+namespace titan::optim::cuda {
+using ops::cuda::blocks_for;
+using ops::cuda::check_cuda;
+using ops::cuda::stream;
+using ops::cuda::Temp;
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocks = 1024;
+
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                        float b1, float b2, float step_size, float bc2_sqrt, float eps) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float pi = p[i] * decay;
+    const float gi = g[i];
+    const float mi = m[i] + (1.0f - b1) * (gi - m[i]);
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    pi -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__device__ double block_sum_f64(double v) {
+  __shared__ double s[kThreads];
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  return s[0];
+}
+
+__global__ void sq_blocks(const float* x, int64_t n, double* parts) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    acc += static_cast<double>(x[i]) * x[i];
+  const double s = block_sum_f64(acc);
+  if (threadIdx.x == 0) parts[blockIdx.x] = s;
+}
+
+__global__ void sum_parts(const double* parts, int n, double* out) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += parts[i];
+  *out = s;
+}
+
+__global__ void scale_k(float* g, int64_t n, float c) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    g[i] *= c;
+}
+
+unsigned grid(int64_t n) {
+  const unsigned b = blocks_for(n, kThreads);
+  return b > 65535u * 8u ? 65535u * 8u : b;
+}
+
+}  // namespace
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n,
+                const optim::AdamWConfig& c, float lr, int64_t step) {
+  if (n <= 0) return;
+  // The scalars exactly as optim::adamw_step forms them (double, then rounded to float).
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(step));
+  const float step_size = static_cast<float>(lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = 1.0f - lr * c.weight_decay;
+  adamw_k<<<grid(n), kThreads, 0, stream()>>>(p, g, m, v, n, decay, c.beta1, c.beta2, step_size,
+                                              bc2_sqrt, c.eps);
+  TITAN_CUDA_LAUNCHED("adamw_step");
+}
+
+double sum_squares(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  Temp<double> parts(kBlocks + 1);
+  sq_blocks<<<kBlocks, kThreads, 0, stream()>>>(x, n, parts.get());
+  TITAN_CUDA_LAUNCHED("sum_squares");
+  sum_parts<<<1, 1, 0, stream()>>>(parts.get(), kBlocks, parts.get() + kBlocks);
+  TITAN_CUDA_LAUNCHED("sum_squares (blocks)");
+  double out = 0;
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(&out, parts.get() + kBlocks, sizeof out, cudaMemcpyDeviceToHost, stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return out;
+}
+
+void clip_by_norm(float* g, int64_t n, double norm, double max_norm) {
+  const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+  if (coef >= 1.0 || n <= 0) return;
+  scale_k<<<grid(n), kThreads, 0, stream()>>>(g, n, static_cast<float>(coef));
+  TITAN_CUDA_LAUNCHED("clip_by_norm");
+}
+
+}  // namespace titan::optim::cuda

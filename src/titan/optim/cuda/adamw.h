@@ -1,0 +1,20 @@
+// The optimizer's kernels on the GPU: optim/adamw.h's functions with the same signatures and
+// semantics, their arrays in device memory (ops/cuda/cuda_ops.h: built with TITAN_CUDA; no CUDA
+// type here).
+//   adamw_step    one fused pass over p, g, m, v
+//   sum_squares   Σ x² in double over fixed blocks, then the blocks in order: deterministic (the
+//                 result is copied to the host)
+//   clip_by_norm  g ← g·min(1, max_norm/(norm + 1e-6))
+#pragma once
+#include <cstdint>
+
+#include "titan/optim/adamw.h"
+
+namespace titan::optim::cuda {
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConfig& c,
+                float lr, int64_t step);
+double sum_squares(const float* x, int64_t n);
+void clip_by_norm(float* g, int64_t n, double norm, double max_norm);
+
+}  // namespace titan::optim::cuda

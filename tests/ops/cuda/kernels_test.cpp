@@ -1,0 +1,356 @@
+// Every CUDA op (ops/cuda/cuda_ops.h, optim/cuda/adamw.h) against the CPU op of the same name on
+// the same inputs (ggml's test-backend-ops idea), forward and backward, at odd shapes (rows and
+// columns that fill no tile, strided rows, repeated token ids, transposed and accumulating GEMMs).
+// GEMMs are checked against a double-precision product (the oneDNN GEMM is not built into this
+// program, which must build where only the CUDA toolkit is). Tolerances, as max |gpu − reference| /
+// max |reference| unless said:
+//   exact (0): embedding fwd/bwd, rope, add, to_bf16, clip, rmsnorm_bwd's dw (same products,
+//     same summation order, no FMA contraction on either side);
+//   2e-6: rmsnorm_fwd y, rstd and rmsnorm_bwd dx (the sum of squares reduced in another order);
+//   2e-6: swiglu (CUDA's expf against the CPU's polynomial exp, each within ~2 ulp);
+//   2e-6: adamw_step (the CPU build may contract into FMAs; 1 ulp of p);
+//   1e-12: sum_squares (double sums in another order);
+//   gemm: |Δ| <= 1e-5 · Σ_k |a_ik·b_kj| per element (fp32 sums of K products; bf16 inputs are
+//     exact in fp32, so the same bound holds for gemm_bf16).
+// Exit 0: all passed; 1: a check failed; 77: no GPU visible (ctest reports it skipped).
+// --probe: also measures cuBLASLt's bf16 and fp32 GEMM rate at 8192³ (TFLOP/s).
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "titan/core/error.h"
+#include "titan/ops/cuda/cuda_ops.h"
+#include "titan/ops/elementwise.h"
+#include "titan/optim/adamw.h"
+#include "titan/optim/cuda/adamw.h"
+
+namespace cu = titan::ops::cuda;
+namespace ops = titan::ops;
+
+namespace {
+
+int failures = 0;
+
+void report(const std::string& name, double err, double tol) {
+  const bool ok = err <= tol;
+  if (!ok) ++failures;
+  std::printf("%-4s %-44s %.3g (tolerance %.3g)\n", ok ? "ok" : "FAIL", name.c_str(), err, tol);
+}
+
+std::mt19937 rng(1234);
+std::vector<float> randn(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A device copy of a host vector, freed at scope end.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    p = static_cast<T*>(cu::alloc(n * sizeof(T)));
+    cu::copy(p, h.data(), n * sizeof(T));
+  }
+  explicit Dev(size_t count) : n(count) {
+    p = static_cast<T*>(cu::alloc(n * sizeof(T)));
+    cu::memset(p, 0, n * sizeof(T));
+  }
+  ~Dev() { cu::free(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    cu::copy(h.data(), p, n * sizeof(T));
+    return h;
+  }
+};
+
+double rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(got[i]) - want[i]));
+    m = std::max(m, std::fabs(static_cast<double>(want[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+void test_embedding() {
+  const int64_t T = 1000, V = 301, D = 129;
+  std::vector<int32_t> ids(T);
+  std::uniform_int_distribution<int32_t> pick(0, 40);  // many repeats
+  for (auto& i : ids) i = pick(rng) * 7 % static_cast<int32_t>(V);
+  const auto table = randn(V * D), dout = randn(T * D);
+  std::vector<float> out(T * D), dtable = randn(V * D);
+  Dev<int32_t> d_ids(ids);
+  Dev<float> d_table(table), d_out(T * D), d_dout(dout), d_dtable(dtable);
+  ops::embedding_fwd(ids.data(), T, table.data(), V, D, out.data());
+  cu::embedding_fwd(d_ids.p, T, d_table.p, V, D, d_out.p);
+  report("embedding_fwd", rel_diff(d_out.host(), out), 0);
+  ops::embedding_bwd(ids.data(), T, dout.data(), D, dtable.data());
+  cu::embedding_bwd(d_ids.p, T, d_dout.p, D, d_dtable.p);
+  report("embedding_bwd (sums in token order)", rel_diff(d_dtable.host(), dtable), 0);
+  std::vector<int32_t> bad = ids;
+  bad[17] = static_cast<int32_t>(V);
+  Dev<int32_t> d_bad(bad);
+  std::string msg;
+  try {
+    cu::embedding_fwd(d_bad.p, T, d_table.p, V, D, d_out.p);
+  } catch (const titan::Error& e) {
+    msg = e.what();
+  }
+  report("embedding_fwd names a bad id's position", msg.find("at position 17") == std::string::npos,
+         0);
+}
+
+void test_rmsnorm() {
+  for (const ops::NormRows s :
+       {ops::NormRows{33, 1, 100, 107, 105}, ops::NormRows{19, 3, 128, 400, 390},
+        ops::NormRows{1, 1, 4096, 4096, 4096}}) {
+    const std::string at =
+        " T" + std::to_string(s.T) + " H" + std::to_string(s.H) + " N" + std::to_string(s.N);
+    const auto x = randn(s.T * s.ldx), w = randn(s.N, 0.3f), dy = randn(s.T * s.ldy);
+    std::vector<float> y(s.T * s.ldy, 0.0f), rstd(s.T * s.H), dx(s.T * s.ldx, 0.0f),
+        dw = randn(s.N), scratch(ops::rmsnorm_bwd_scratch(s));
+    Dev<float> d_x(x), d_w(w), d_y(y), d_rstd(rstd.size()), d_dy(dy), d_dx(dx), d_dw(dw),
+        d_scratch(scratch.size());
+    ops::rmsnorm_fwd(s, x.data(), w.data(), 1e-6f, y.data(), rstd.data());
+    cu::rmsnorm_fwd(s, d_x.p, d_w.p, 1e-6f, d_y.p, d_rstd.p);
+    report("rmsnorm_fwd y" + at, rel_diff(d_y.host(), y), 2e-6);
+    report("rmsnorm_fwd rstd" + at, rel_diff(d_rstd.host(), rstd), 2e-6);
+    // The backward from the same rstd on both sides.
+    cu::copy(d_rstd.p, rstd.data(), rstd.size() * sizeof(float));
+    ops::rmsnorm_bwd(s, dy.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(),
+                     scratch.data());
+    cu::rmsnorm_bwd(s, d_dy.p, d_x.p, d_w.p, d_rstd.p, d_dx.p, d_dw.p, d_scratch.p);
+    report("rmsnorm_bwd dx" + at, rel_diff(d_dx.host(), dx), 2e-6);
+    report("rmsnorm_bwd dw (32 row blocks)" + at, rel_diff(d_dw.host(), dw), 0);
+  }
+}
+
+void test_rope_swiglu_add() {
+  const int64_t T = 19, H = 5, d = 64, ldx = H * d + 3, max_pos = 50;
+  std::vector<float> cs(max_pos * d);
+  ops::rope_table(max_pos, d, 1e6, cs.data());
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 13) % max_pos);
+  auto x = randn(T * ldx);
+  Dev<float> d_x(x), d_cs(cs);
+  Dev<int32_t> d_pos(pos);
+  ops::rope_fwd(x.data(), T, H, d, ldx, pos.data(), cs.data());
+  cu::rope_fwd(d_x.p, T, H, d, ldx, d_pos.p, d_cs.p);
+  report("rope_fwd", rel_diff(d_x.host(), x), 0);
+  ops::rope_bwd(x.data(), T, H, d, ldx, pos.data(), cs.data());
+  cu::rope_bwd(d_x.p, T, H, d, ldx, d_pos.p, d_cs.p);
+  report("rope_bwd", rel_diff(d_x.host(), x), 0);
+
+  const int64_t S = 31, F = 97;
+  const auto ab = randn(S * 2 * F, 3.0f), dg = randn(S * F);
+  std::vector<float> g(S * F), dab(S * 2 * F);
+  Dev<float> d_ab(ab), d_g(g.size()), d_dg(dg), d_dab(dab.size());
+  ops::swiglu_fwd(ab.data(), g.data(), S, F);
+  cu::swiglu_fwd(d_ab.p, d_g.p, S, F);
+  report("swiglu_fwd", rel_diff(d_g.host(), g), 2e-6);
+  ops::swiglu_bwd(dg.data(), ab.data(), dab.data(), S, F);
+  cu::swiglu_bwd(d_dg.p, d_ab.p, d_dab.p, S, F);
+  report("swiglu_bwd", rel_diff(d_dab.host(), dab), 2e-6);
+
+  const int64_t n = 100003;
+  auto a = randn(n), b = randn(n);
+  std::vector<float> sum(n);
+  Dev<float> d_a(a), d_b(b), d_sum(n);
+  ops::add(a.data(), b.data(), sum.data(), n);
+  cu::add(d_a.p, d_b.p, d_sum.p, n);
+  report("add", rel_diff(d_sum.host(), sum), 0);
+  ops::add_inplace(a.data(), b.data(), n);
+  cu::add_inplace(d_a.p, d_b.p, n);
+  report("add_inplace", rel_diff(d_a.host(), a), 0);
+  a[5] = NAN;
+  a[6] = INFINITY;
+  a[7] = -0.0f;
+  cu::copy(d_a.p, a.data(), n * sizeof(float));
+  std::vector<uint16_t> h16(n);
+  Dev<uint16_t> d16(n);
+  ops::to_bf16(a.data(), n, h16.data());
+  cu::to_bf16(d_a.p, n, d16.p);
+  report("to_bf16 (NaN, inf, -0 included)", d16.host() != h16, 0);
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Worst |Δ| / (Σ_k |a·b|) of C = op(A)·op(B) (+ C0) against a double product.
+double gemm_err(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const std::vector<float>& A,
+                int64_t lda, const std::vector<float>& B, int64_t ldb, const std::vector<float>& C0,
+                const std::vector<float>& C, int64_t ldc, bool acc) {
+  double worst = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = acc ? C0[i * ldc + j] : 0.0, mag = acc ? std::fabs(C0[i * ldc + j]) : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = ta ? A[k * lda + i] : A[i * lda + k];
+        const double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+        s += a * b;
+        mag += std::fabs(a * b);
+      }
+      worst = std::max(worst, std::fabs(C[i * ldc + j] - s) / std::max(mag, 1e-30));
+    }
+  return worst;
+}
+
+void test_gemm() {
+  struct Case {
+    int64_t M, N, K;
+    bool ta, tb, acc;
+  };
+  for (const Case c : {Case{1, 1, 1, false, false, false}, Case{37, 51, 70, false, true, false},
+                       Case{37, 51, 70, true, false, true}, Case{64, 128, 256, true, true, true},
+                       Case{17, 1000, 33, false, false, true}, Case{5, 7, 0, false, true, true}}) {
+    const int64_t lda = (c.ta ? c.M : c.K) + 3, ldb = (c.tb ? c.K : c.N) + 1, ldc = c.N + 2;
+    const int64_t arows = c.ta ? c.K : c.M, brows = c.tb ? c.N : c.K;
+    auto A = randn(static_cast<size_t>(std::max<int64_t>(1, arows * lda)));
+    auto B = randn(static_cast<size_t>(std::max<int64_t>(1, brows * ldb)));
+    const auto C0 = randn(c.M * ldc);
+    char at[96];
+    std::snprintf(at, sizeof at, " %lldx%lldx%lld%s%s%s", static_cast<long long>(c.M),
+                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.ta ? " At" : "",
+                  c.tb ? " Bt" : "", c.acc ? " +=" : "");
+    {
+      Dev<float> dA(A), dB(B), dC(C0);
+      cu::gemm(c.ta, c.tb, c.M, c.N, c.K, dA.p, lda, dB.p, ldb, dC.p, ldc, c.acc);
+      report(std::string("gemm") + at,
+             gemm_err(c.ta, c.tb, c.M, c.N, c.K, A, lda, B, ldb, C0, dC.host(), ldc, c.acc), 1e-5);
+    }
+    // bf16: the same values rounded to bf16 on both sides.
+    std::vector<uint16_t> A16(A.size()), B16(B.size());
+    ops::to_bf16(A.data(), static_cast<int64_t>(A.size()), A16.data());
+    ops::to_bf16(B.data(), static_cast<int64_t>(B.size()), B16.data());
+    for (size_t i = 0; i < A.size(); ++i) A[i] = bf16_to_f32(A16[i]);
+    for (size_t i = 0; i < B.size(); ++i) B[i] = bf16_to_f32(B16[i]);
+    Dev<uint16_t> dA(A16), dB(B16);
+    Dev<float> dC(C0);
+    cu::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, dA.p, lda, dB.p, ldb, dC.p, ldc, c.acc);
+    report(std::string("gemm_bf16") + at,
+           gemm_err(c.ta, c.tb, c.M, c.N, c.K, A, lda, B, ldb, C0, dC.host(), ldc, c.acc), 1e-5);
+  }
+}
+
+void test_linear() {
+  const int64_t M = 37, in = 70, out = 51;
+  const auto x = randn(M * in), w = randn(out * in), dy = randn(M * out), dx0 = randn(M * in),
+             dw0 = randn(out * in);
+  Dev<float> d_x(x), d_w(w), d_dy(dy), d_y(M * out), d_dx(dx0), d_dw(dw0);
+  cu::linear_fwd(d_x.p, d_w.p, d_y.p, M, in, out);
+  report("linear_fwd", gemm_err(false, true, M, out, in, x, in, w, in, {}, d_y.host(), out, false),
+         1e-5);
+  cu::linear_bwd(d_dy.p, d_x.p, d_w.p, d_dx.p, d_dw.p, M, in, out, true);
+  report("linear_bwd dx +=",
+         gemm_err(false, false, M, in, out, dy, out, w, in, dx0, d_dx.host(), in, true), 1e-5);
+  report("linear_bwd dw +=",
+         gemm_err(true, false, out, in, M, dy, out, x, in, dw0, d_dw.host(), in, true), 1e-5);
+  // bf16: x and dy rounded inside, w already bf16.
+  std::vector<uint16_t> w16(w.size()), x16(x.size()), dy16(dy.size());
+  ops::to_bf16(w.data(), out * in, w16.data());
+  ops::to_bf16(x.data(), M * in, x16.data());
+  ops::to_bf16(dy.data(), M * out, dy16.data());
+  std::vector<float> wr(w.size()), xr(x.size()), dyr(dy.size());
+  for (size_t i = 0; i < w.size(); ++i) wr[i] = bf16_to_f32(w16[i]);
+  for (size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_f32(x16[i]);
+  for (size_t i = 0; i < dy.size(); ++i) dyr[i] = bf16_to_f32(dy16[i]);
+  Dev<uint16_t> d_w16(w16), d_scratch(M * (in + out));
+  Dev<float> d_y2(M * out), d_dx2(dx0), d_dw2(dw0);
+  cu::linear_fwd_bf16(d_x.p, d_w16.p, d_y2.p, M, in, out, d_scratch.p);
+  report("linear_fwd_bf16",
+         gemm_err(false, true, M, out, in, xr, in, wr, in, {}, d_y2.host(), out, false), 1e-5);
+  cu::linear_bwd_bf16(d_dy.p, d_x.p, d_w16.p, d_dx2.p, d_dw2.p, M, in, out, true, d_scratch.p);
+  report("linear_bwd_bf16 dx +=",
+         gemm_err(false, false, M, in, out, dyr, out, wr, in, dx0, d_dx2.host(), in, true), 1e-5);
+  report("linear_bwd_bf16 dw +=",
+         gemm_err(true, false, out, in, M, dyr, out, xr, in, dw0, d_dw2.host(), in, true), 1e-5);
+}
+
+void test_optim() {
+  const int64_t n = 300007;
+  auto p = randn(n), g = randn(n, 1e-3f), m = randn(n, 1e-4f), v = randn(n, 1e-4f);
+  for (auto& x : v) x = x * x;
+  Dev<float> d_p(p), d_g(g), d_m(m), d_v(v);
+  titan::optim::AdamWConfig c;
+  for (int64_t step = 1; step <= 3; ++step) {
+    titan::optim::adamw_step(p.data(), g.data(), m.data(), v.data(), n, c, 3e-4f, step);
+    titan::optim::cuda::adamw_step(d_p.p, d_g.p, d_m.p, d_v.p, n, c, 3e-4f, step);
+  }
+  report("adamw_step p (3 steps)", rel_diff(d_p.host(), p), 2e-6);
+  report("adamw_step exp_avg", rel_diff(d_m.host(), m), 2e-6);
+  report("adamw_step exp_avg_sq", rel_diff(d_v.host(), v), 2e-6);
+  const double want = titan::optim::sum_squares(g.data(), n),
+               got = titan::optim::cuda::sum_squares(d_g.p, n);
+  report("sum_squares", std::fabs(got - want) / want, 1e-12);
+  const double again = titan::optim::cuda::sum_squares(d_g.p, n);
+  report("sum_squares is deterministic", got != again, 0);
+  titan::optim::clip_by_norm(g.data(), n, std::sqrt(want), 0.5);
+  titan::optim::cuda::clip_by_norm(d_g.p, n, std::sqrt(want), 0.5);
+  report("clip_by_norm", rel_diff(d_g.host(), g), 0);
+}
+
+// cuBLASLt's rate on an n³ product: bf16 (fp32 accumulation) and fp32.
+void probe(int64_t n) {
+  for (const bool bf16 : {true, false}) {
+    Dev<uint16_t> a16(bf16 ? n * n : 1), b16(bf16 ? n * n : 1);
+    Dev<float> a(bf16 ? 1 : n * n), b(bf16 ? 1 : n * n), c(n * n);
+    auto run = [&] {
+      if (bf16)
+        cu::gemm_bf16(false, false, n, n, n, a16.p, n, b16.p, n, c.p, n, false);
+      else
+        cu::gemm(false, false, n, n, n, a.p, n, b.p, n, c.p, n, false);
+    };
+    run();
+    cu::synchronize();
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 5; ++i) run();
+      cu::synchronize();
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5);
+    }
+    std::printf("probe: cuBLASLt %s GEMM %lld^3: %.1f TFLOP/s\n", bf16 ? "bf16" : "fp32",
+                static_cast<long long>(n), 2.0 * n * n * n / best / 1e12);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (cu::device_count(&why) == 0) {
+    std::printf("skipped: %s; the CUDA ops were compiled, not run\n", why.c_str());
+    return 77;
+  }
+  try {
+    std::printf("device: %s\n", cu::describe_device().c_str());
+    test_embedding();
+    test_rmsnorm();
+    test_rope_swiglu_add();
+    test_gemm();
+    test_linear();
+    test_optim();
+    if (argc > 1 && std::string(argv[1]) == "--probe") probe(8192);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%s: %d check(s) failed\n", failures ? "FAIL" : "ok", failures);
+  return failures ? 1 : 0;
+}
