@@ -28,7 +28,8 @@ gencode="--generate-code=arch=compute_90a,code=sm_90a --generate-code=arch=compu
 t0=$(date +%s)
 pids=()
 for f in src/titan/ops/cuda/runtime.cu src/titan/ops/cuda/elementwise.cu src/titan/ops/cuda/gemm.cu \
-         src/titan/optim/cuda/adamw.cu; do
+         src/titan/ops/cuda/attention.cu src/titan/ops/cuda/loss.cu \
+         src/titan/ops/cuda/router.cu src/titan/ops/cuda/backend.cu src/titan/optim/cuda/adamw.cu; do
   o="$build/$(basename "$f" .cu).o"
   "$nvcc" -std=c++17 -O3 $gencode --fmad=false -Werror=all-warnings \
       -Xcompiler=-Wall,-Wextra,-Werror -Isrc -c "$f" -o "$o" >>"$log" 2>&1 &
@@ -38,7 +39,7 @@ done
     -c src/titan/ops/cpu/elementwise.cpp -o "$build/elementwise_cpu.o" >>"$log" 2>&1 &
 pids+=($!)
 cuda_inc=$(dirname "$(dirname "$nvcc")")/include
-for f in src/titan/optim/adamw.cpp tests/ops/cuda/kernels_test.cpp; do
+for f in src/titan/ops/cpu/attention.cpp src/titan/ops/cpu/router.cpp src/titan/optim/adamw.cpp tests/ops/cuda/kernels_test.cpp; do
   "$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -Werror -Isrc -I"$cuda_inc" \
       -c "$f" -o "$build/$(basename "$f" .cpp)_host.o" >>"$log" 2>&1 &
   pids+=($!)

@@ -3,6 +3,9 @@
 #include "titan/models/module_types.h"
 #include "titan/models/qwen3/modules.h"
 #include "titan/ops/backend.h"
+#ifdef TITAN_HAVE_CUDA
+#include "titan/ops/cuda/cuda_ops.h"
+#endif
 #include "titan/ops/elementwise.h"
 #include "titan/ops/experts_op.h"
 #include "titan/plugin/registry.h"
@@ -10,7 +13,13 @@
 namespace titan::ops {
 
 // The backend tables (ops/backend.h), registered before the first lookup.
-std::vector<Backend> builtin_backends() { return {cpu_backend(), cpu_bf16_backend()}; }
+std::vector<Backend> builtin_backends() {
+#ifdef TITAN_HAVE_CUDA
+  return {cpu_backend(), cpu_bf16_backend(), cuda::backend(false), cuda::backend(true)};
+#else
+  return {cpu_backend(), cpu_bf16_backend()};
+#endif
+}
 
 }  // namespace titan::ops
 

@@ -76,15 +76,33 @@ TEST(BackendTest, CpuMemoryEntryPoints) {
 
 TEST(BackendTest, MissingPairNamesWhatIsRegistered) {
   try {
-    backend("cuda", "bfloat16");
+    backend("rocm", "bfloat16");
     FAIL() << "expected titan::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no backend for cuda/bfloat16; registered: "),
+    EXPECT_NE(std::string(e.what()).find("no backend for rocm/bfloat16; registered: "),
               std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("cpu/float32"), std::string::npos) << e.what();
   }
   EXPECT_THROW(backend("cpu", "float16"), Error);
+}
+
+// Built with CUDA (CMake found nvcc), the cuda tables are registered and complete; their kernels
+// run only where a GPU is (tests/ops/cuda/kernels_test.cpp).
+TEST(BackendTest, CudaTablesAreCompleteWhenBuilt) {
+  const auto names = registered_backends();
+  const bool have = std::find(names.begin(), names.end(), "cuda/float32") != names.end();
+#ifdef TITAN_HAVE_CUDA
+  ASSERT_TRUE(have);
+  for (const char* dtype : {"float32", "bfloat16"}) {
+    const Backend& b = backend("cuda", dtype);
+    EXPECT_TRUE(b.missing().empty()) << dtype;
+    EXPECT_NE(b.attention_fwd, backend("cpu", dtype).attention_fwd) << dtype;
+  }
+  EXPECT_NE(backend("cuda", "bfloat16").attention_fwd, backend("cuda", "float32").attention_fwd);
+#else
+  EXPECT_FALSE(have);
+#endif
 }
 
 // The mixed-precision table is built in and complete; an fp32 table need not have its members.

@@ -21,7 +21,9 @@ struct LossSum {
 };
 
 // scratch: chunk_rows·V + T floats.
-int64_t lm_head_ce_scratch(int64_t T, int64_t V, int64_t chunk_rows);
+inline int64_t lm_head_ce_scratch(int64_t T, int64_t V, int64_t chunk_rows) {
+  return (T < chunk_rows ? T : chunk_rows) * V + T;
+}
 
 LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_t T, int64_t D,
                    int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
@@ -31,7 +33,10 @@ LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_
 // gradient are rounded to bf16 for the three GEMMs (fp32 accumulation, as torch.autocast's bf16
 // Linear); logits, log-sum-exp, softmax and the CE stay fp32 (torchtitan computes the loss in
 // fp32). dw is the fp32 gradient. scratch: lm_head_ce_bf16_scratch floats.
-int64_t lm_head_ce_bf16_scratch(int64_t T, int64_t V, int64_t D, int64_t chunk_rows);
+inline int64_t lm_head_ce_bf16_scratch(int64_t T, int64_t V, int64_t D, int64_t chunk_rows) {
+  const int64_t n = T < chunk_rows ? T : chunk_rows;
+  return lm_head_ce_scratch(T, V, chunk_rows) + (n * V + n * D + 1) / 2;  // + bf16 logits, h
+}
 LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels, int64_t T,
                         int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
                         float* dw, float* scratch);

@@ -10,6 +10,14 @@
 //   2e-6: swiglu (CUDA's expf against the CPU's polynomial exp, each within ~2 ulp);
 //   2e-6: adamw_step (the CPU build may contract into FMAs; 1 ulp of p);
 //   1e-12: sum_squares (double sums in another order);
+//   1e-5: attention fwd/bwd (o, dq, dk, dv; lse absolute), tiles of 32 with an online softmax and
+//     CUDA's expf against the CPU's tiles and polynomial exp: the sums run in other orders;
+//   3e-2: the bf16 attention against the fp32 CPU attention (q, k, v, dout, P and dS rounded to
+//     bf16: 2^-9 relative each, over sums of up to S terms);
+//   1e-5: lm_head_ce's loss, dh and dw against a double-precision reference (fp32 logits);
+//     1e-2 for lm_head_ce_bf16 (h and the logit gradient rounded to bf16 for the GEMMs);
+//   router: the selected experts and counts exact; p, w and psum 2e-6 (CUDA's expf against
+//     glibc's), dlogits 1e-5; the expert bias update exact;
 //   gemm: |Δ| <= 1e-5 · Σ_k |a_ik·b_kj| per element (fp32 sums of K products; bf16 inputs are
 //     exact in fp32, so the same bound holds for gemm_bf16).
 // Exit 0: all passed; 1: a check failed; 77: no GPU visible (ctest reports it skipped).
@@ -25,8 +33,11 @@
 #include <vector>
 
 #include "titan/core/error.h"
+#include "titan/ops/attention.h"
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/elementwise.h"
+#include "titan/ops/loss.h"
+#include "titan/ops/router.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/cuda/adamw.h"
 
@@ -182,6 +193,197 @@ void test_rope_swiglu_add() {
   ops::to_bf16(a.data(), n, h16.data());
   cu::to_bf16(d_a.p, n, d16.p);
   report("to_bf16 (NaN, inf, -0 included)", d16.host() != h16, 0);
+}
+
+// Columns [c0, c0 + n) of every row of a [rows, ld] matrix.
+std::vector<float> cols(const std::vector<float>& m, int64_t rows, int64_t ld, int64_t c0,
+                        int64_t n) {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(rows * n));
+  for (int64_t r = 0; r < rows; ++r)
+    out.insert(out.end(), m.begin() + r * ld + c0, m.begin() + r * ld + c0 + n);
+  return out;
+}
+
+// q, k, v as the model passes them: views into one fused [T, (Hq + 2·Hkv)·d] projection output.
+void test_attention() {
+  struct Case {
+    int64_t B, S, Hq, Hkv, d;
+    bool block_causal;
+  };
+  for (const Case c : {Case{2, 77, 4, 2, 64, true}, Case{1, 130, 8, 1, 128, false},
+                       Case{1, 33, 2, 2, 16, true}, Case{1, 40, 2, 1, 256, false}}) {
+    char at[96];
+    std::snprintf(at, sizeof at, " B%lld S%lld Hq%lld Hkv%lld d%lld%s", static_cast<long long>(c.B),
+                  static_cast<long long>(c.S), static_cast<long long>(c.Hq),
+                  static_cast<long long>(c.Hkv), static_cast<long long>(c.d),
+                  c.block_causal ? " block-causal" : "");
+    const int64_t T = c.B * c.S, Q = c.Hq * c.d, KV = c.Hkv * c.d, ld = Q + 2 * KV;
+    const ops::AttnShape s{c.B, c.S, c.Hq, c.Hkv, c.d, 1.0f / std::sqrt(static_cast<float>(c.d)),
+                           ld,  ld,  ld};
+    std::vector<int32_t> pos(T), seg(T);
+    for (int64_t t = 0; t < T; ++t)  // documents of 29 tokens, restarting in each row
+      pos[t] = static_cast<int32_t>((t % c.S) % 29);
+    ops::attention_segments(pos.data(), c.B, c.S, c.block_causal, seg.data());
+    Dev<int32_t> d_pos(pos), d_seg(T);
+    cu::attention_segments(d_pos.p, c.B, c.S, c.block_causal, d_seg.p);
+    report(std::string("attention_segments") + at, d_seg.host() != seg, 0);
+
+    const auto qkv = randn(T * ld), dout = randn(T * Q);
+    std::vector<float> o(T * Q), lse(c.B * c.Hq * c.S), ws(ops::attention_workspace(s)), dq(T * Q),
+        dqkv(T * ld, 0.0f), delta(lse.size());  // dq [T, Hq·d]; dk, dv in dqkv
+    ops::attention_fwd(s, qkv.data(), qkv.data() + Q, qkv.data() + Q + KV, seg.data(), o.data(),
+                       lse.data(), ws.data());
+    ops::attention_bwd(s, qkv.data(), qkv.data() + Q, qkv.data() + Q + KV, o.data(), lse.data(),
+                       dout.data(), seg.data(), dq.data(), dqkv.data() + Q, dqkv.data() + Q + KV,
+                       delta.data(), ws.data());
+    for (const bool bf16 : {false, true}) {
+      const std::string name = std::string(bf16 ? "attention_bf16" : "attention") + at;
+      const double tol = bf16 ? 3e-2 : 1e-5;
+      Dev<float> d_qkv(qkv), d_o(o.size()), d_lse(lse.size()), d_dout(dout), d_dqkv(T * ld),
+          d_dq(T * Q), d_delta(lse.size());
+      (bf16 ? cu::attention_fwd_bf16 : cu::attention_fwd)(s, d_qkv.p, d_qkv.p + Q, d_qkv.p + Q + KV,
+                                                          d_seg.p, d_o.p, d_lse.p, nullptr);
+      report(name + " o", rel_diff(d_o.host(), o), tol);
+      double dl = 0;
+      const auto got_lse = d_lse.host();
+      for (size_t i = 0; i < lse.size(); ++i)
+        dl = std::max(dl, std::fabs(static_cast<double>(got_lse[i]) - lse[i]));
+      report(name + " lse (absolute)", dl, bf16 ? tol : 1e-5);
+      // The backward from the CPU's o and lse, so that it is checked alone.
+      cu::copy(d_o.p, o.data(), o.size() * sizeof(float));
+      cu::copy(d_lse.p, lse.data(), lse.size() * sizeof(float));
+      (bf16 ? cu::attention_bwd_bf16 : cu::attention_bwd)(
+          s, d_qkv.p, d_qkv.p + Q, d_qkv.p + Q + KV, d_o.p, d_lse.p, d_dout.p, d_seg.p, d_dq.p,
+          d_dqkv.p + Q, d_dqkv.p + Q + KV, d_delta.p, nullptr);
+      const auto got = d_dqkv.host();
+      report(name + " dq", rel_diff(d_dq.host(), dq), tol);
+      report(name + " dk", rel_diff(cols(got, T, ld, Q, KV), cols(dqkv, T, ld, Q, KV)), tol);
+      report(name + " dv", rel_diff(cols(got, T, ld, Q + KV, KV), cols(dqkv, T, ld, Q + KV, KV)),
+             tol);
+    }
+  }
+}
+
+// lm_head + CE in chunks of 32 rows (the last one short), some labels ignored, against the loss
+// and gradients computed in double from their definition.
+void test_lm_head_ce() {
+  const int64_t T = 70, D = 48, V = 333, chunk = 32;
+  const auto h = randn(T * D), w = randn(V * D, 0.2f), dw0 = randn(V * D, 0.01f);
+  std::vector<int32_t> labels(T);
+  for (int64_t t = 0; t < T; ++t)
+    labels[t] = t % 9 == 4 ? ops::kIgnoreIndex : static_cast<int32_t>((t * 37) % V);
+  int64_t valid = 0;
+  for (int32_t l : labels) valid += l != ops::kIgnoreIndex;
+  const float scale = 1.0f / static_cast<float>(valid);
+  double loss = 0;
+  std::vector<double> dh(T * D, 0.0), dw(dw0.begin(), dw0.end()), z(V);
+  for (int64_t t = 0; t < T; ++t) {
+    if (labels[t] == ops::kIgnoreIndex) continue;
+    double mx = -1e300, sum = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      z[j] = 0;
+      for (int64_t c = 0; c < D; ++c) z[j] += static_cast<double>(h[t * D + c]) * w[j * D + c];
+      mx = std::max(mx, z[j]);
+    }
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
+    const double lse = mx + std::log(sum);
+    loss += lse - z[labels[t]];
+    for (int64_t j = 0; j < V; ++j) {
+      const double g = scale * (std::exp(z[j] - lse) - (j == labels[t] ? 1.0 : 0.0));
+      for (int64_t c = 0; c < D; ++c) {
+        dh[t * D + c] += g * w[j * D + c];
+        dw[j * D + c] += g * h[t * D + c];
+      }
+    }
+  }
+  const std::vector<float> dh_ref(dh.begin(), dh.end()), dw_ref(dw.begin(), dw.end());
+  std::vector<uint16_t> w16(w.size());
+  ops::to_bf16(w.data(), V * D, w16.data());
+  for (const bool bf16 : {false, true}) {
+    const std::string name = bf16 ? "lm_head_ce_bf16" : "lm_head_ce";
+    const double tol = bf16 ? 1e-2 : 1e-5;
+    Dev<float> d_h(h), d_w(w), d_dh(T * D), d_dw(dw0),
+        d_scratch(bf16 ? ops::lm_head_ce_bf16_scratch(T, V, D, chunk)
+                       : ops::lm_head_ce_scratch(T, V, chunk));
+    Dev<uint16_t> d_w16(w16);
+    Dev<int32_t> d_labels(labels);
+    const ops::LossSum r = bf16 ? cu::lm_head_ce_bf16(d_h.p, d_w16.p, d_labels.p, T, D, V, chunk,
+                                                      scale, d_dh.p, d_dw.p, d_scratch.p)
+                                : cu::lm_head_ce(d_h.p, d_w.p, d_labels.p, T, D, V, chunk, scale,
+                                                 d_dh.p, d_dw.p, d_scratch.p);
+    report(name + " valid count", r.count != valid, 0);
+    report(name + " loss", std::fabs(r.sum - loss) / loss, tol);
+    report(name + " dh", rel_diff(d_dh.host(), dh_ref), tol);
+    report(name + " dw +=", rel_diff(d_dw.host(), dw_ref), tol);
+  }
+  std::vector<int32_t> bad = labels;
+  bad[11] = static_cast<int32_t>(V);
+  Dev<int32_t> d_bad(bad);
+  Dev<float> d_h(h), d_w(w), d_scratch(ops::lm_head_ce_scratch(T, V, chunk));
+  std::string msg;
+  try {
+    cu::lm_head_ce(d_h.p, d_w.p, d_bad.p, T, D, V, chunk, 0.0f, nullptr, nullptr, d_scratch.p);
+  } catch (const titan::Error& e) {
+    msg = e.what();
+  }
+  report("lm_head_ce names a bad label's position", msg.find("at position 11") == std::string::npos,
+         0);
+}
+
+void test_router() {
+  struct Case {
+    int64_t T, E, K;
+    bool norm, bias;
+  };
+  for (const Case c :
+       {Case{300, 64, 4, true, true}, Case{77, 8, 2, false, false}, Case{5, 128, 8, true, false}}) {
+    char at[64];
+    std::snprintf(at, sizeof at, " T%lld E%lld K%lld%s%s", static_cast<long long>(c.T),
+                  static_cast<long long>(c.E), static_cast<long long>(c.K), c.norm ? " norm" : "",
+                  c.bias ? " bias" : "");
+    const auto logits = randn(c.T * c.E, 2.0f), bias = randn(c.E, 0.1f), dw = randn(c.T * c.K),
+               extra = randn(c.E, 0.01f);
+    std::vector<float> p(c.T * c.E), w(c.T * c.K), dl(c.T * c.E);
+    std::vector<int32_t> idx(c.T * c.K), top(c.T * c.K);
+    ops::router_fwd(logits.data(), c.bias ? bias.data() : nullptr, c.T, c.E, c.K, c.norm, p.data(),
+                    idx.data(), w.data());
+    Dev<float> d_logits(logits), d_bias(bias), d_p(p.size()), d_w(w.size()), d_dw(dw),
+        d_extra(extra), d_dl(dl.size());
+    Dev<int32_t> d_idx(idx.size()), d_top(top.size());
+    cu::router_fwd(d_logits.p, c.bias ? d_bias.p : nullptr, c.T, c.E, c.K, c.norm, d_p.p, d_idx.p,
+                   d_w.p);
+    report(std::string("router_fwd p") + at, rel_diff(d_p.host(), p), 2e-6);
+    report(std::string("router_fwd experts") + at, d_idx.host() != idx, 0);
+    report(std::string("router_fwd w") + at, rel_diff(d_w.host(), w), 2e-6);
+    // The backward and statistics from the CPU's p, idx and w on both sides.
+    cu::copy(d_p.p, p.data(), p.size() * sizeof(float));
+    cu::copy(d_idx.p, idx.data(), idx.size() * sizeof(int32_t));
+    cu::copy(d_w.p, w.data(), w.size() * sizeof(float));
+    ops::router_bwd(p.data(), idx.data(), w.data(), dw.data(), extra.data(), c.T, c.E, c.K, c.norm,
+                    dl.data());
+    cu::router_bwd(d_p.p, d_idx.p, d_w.p, d_dw.p, d_extra.p, c.T, c.E, c.K, c.norm, d_dl.p);
+    report(std::string("router_bwd") + at, rel_diff(d_dl.host(), dl), 1e-5);
+    ops::topk_rows(p.data(), c.T, c.E, c.K, top.data());
+    cu::topk_rows(d_p.p, c.T, c.E, c.K, d_top.p);
+    report(std::string("topk_rows") + at, d_top.host() != top, 0);
+    std::vector<double> hits(c.E, 3.0), psum(c.E, 0.5), load(c.E);
+    Dev<double> d_hits(hits), d_psum(psum);
+    ops::router_aux_stats(p.data(), idx.data(), c.T, c.E, c.K, hits.data(), psum.data());
+    cu::router_aux_stats(d_p.p, d_idx.p, c.T, c.E, c.K, d_hits.p, d_psum.p);
+    report(std::string("router_aux_stats hits") + at, d_hits.host() != hits, 0);
+    const auto got_psum = d_psum.host();
+    double dp = 0;
+    for (int64_t e = 0; e < c.E; ++e) dp = std::max(dp, std::fabs(got_psum[e] - psum[e]) / psum[e]);
+    report(std::string("router_aux_stats psum") + at, dp, 2e-6);
+    for (int64_t e = 0; e < c.E; ++e) load[e] = static_cast<double>((e * 7) % 5);
+    std::vector<float> eb = bias;
+    Dev<double> d_load(load);
+    Dev<float> d_eb(eb);
+    ops::expert_bias_update(load.data(), c.E, 1e-3, eb.data());
+    cu::expert_bias_update(d_load.p, c.E, 1e-3, d_eb.p);
+    report(std::string("expert_bias_update") + at, rel_diff(d_eb.host(), eb), 0);
+  }
 }
 
 float bf16_to_f32(uint16_t h) {
@@ -343,6 +545,9 @@ int main(int argc, char** argv) {
     test_embedding();
     test_rmsnorm();
     test_rope_swiglu_add();
+    test_attention();
+    test_lm_head_ce();
+    test_router();
     test_gemm();
     test_linear();
     test_optim();

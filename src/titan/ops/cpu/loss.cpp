@@ -34,18 +34,6 @@ TITAN_CLONES float ce_row(float* z, int64_t V, int32_t label, float scale, bool 
   return ce;
 }
 
-}  // namespace
-
-int64_t lm_head_ce_scratch(int64_t T, int64_t V, int64_t chunk_rows) {
-  return std::min(T, chunk_rows) * V + T;
-}
-
-int64_t lm_head_ce_bf16_scratch(int64_t T, int64_t V, int64_t D, int64_t chunk_rows) {
-  const int64_t n = std::min(T, chunk_rows);
-  return lm_head_ce_scratch(T, V, chunk_rows) + (n * V + n * D + 1) / 2;  // + bf16 logits, h
-}
-
-namespace {
 void check_labels(const int32_t* labels, int64_t T, int64_t V) {
   for (int64_t t = 0; t < T; ++t)
     check(labels[t] == kIgnoreIndex || (labels[t] >= 0 && labels[t] < V),

@@ -17,9 +17,20 @@
 #include <cstdint>
 #include <string>
 
+#include "titan/ops/attention.h"
 #include "titan/ops/elementwise.h"
+#include "titan/ops/loss.h"
+#include "titan/ops/router.h"
+
+namespace titan::ops {
+struct Backend;
+}
 
 namespace titan::ops::cuda {
+
+// The backend table (ops/backend.h) of these kernels for cuda/float32 or, bf16, cuda/bfloat16
+// (ops/cuda/backend.cu); builtins.cpp registers both.
+Backend backend(bool bf16);
 
 // ---- device and memory
 // The number of visible GPUs; 0 with *why saying why (no driver, no device: CUDA's message).
@@ -43,6 +54,11 @@ void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, f
 // scratch: ops::rmsnorm_bwd_scratch(s) floats of device memory, as on the CPU.
 void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float* w,
                  const float* rstd, float* dx, float* dw, float* scratch);
+// cos_sin[max_pos, d] computed on the device with the CPU's formula (fp32 inverse frequencies,
+// cos and sin in double), so within an ulp of the CPU's table.
+void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin);
+// The first t with pos[t] outside [0, limit), or −1 (read back to the host).
+int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit);
 void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
               const float* cos_sin);
 void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
@@ -52,6 +68,46 @@ void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t
 void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 void to_bf16(const float* x, int64_t n, uint16_t* y);
+
+// ---- attention.h (ops/cuda/attention.cu: FlashAttention-2's tiling on CUDA cores, d <= 256;
+// the workspace arguments are unused and may be null)
+void attention_segments(const int32_t* positions, int64_t B, int64_t S, bool block_causal,
+                        int32_t* seg_start);
+void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v,
+                   const int32_t* seg_start, float* o, float* lse, float* workspace);
+void attention_bwd(const AttnShape& s, const float* q, const float* k, const float* v,
+                   const float* o, const float* lse, const float* dout, const int32_t* seg_start,
+                   float* dq, float* dk, float* dv, float* delta, float* workspace);
+void attention_fwd_bf16(const AttnShape& s, const float* q, const float* k, const float* v,
+                        const int32_t* seg_start, float* o, float* lse, float* workspace);
+void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, const float* v,
+                        const float* o, const float* lse, const float* dout,
+                        const int32_t* seg_start, float* dq, float* dk, float* dv, float* delta,
+                        float* workspace);
+// k and v: device arrays of T device pointers; n_keys: a device array.
+void attention_cached(const float* q, int64_t ldq, const float* const* k, const float* const* v,
+                      const int32_t* n_keys, int64_t ldkv, int64_t T, int64_t Hq, int64_t Hkv,
+                      int64_t d, float scale, float* o);
+
+// ---- loss.h (scratch: lm_head_ce_scratch / lm_head_ce_bf16_scratch floats of device memory;
+// the per-row losses are summed on the host, in token order, as the CPU sums them)
+LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_t T, int64_t D,
+                   int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
+                   float* scratch);
+LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels, int64_t T,
+                        int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
+                        float* dw, float* scratch);
+
+// ---- router.h (load, counts, hits, psum: device double arrays)
+void router_fwd(const float* logits, const float* bias, int64_t T, int64_t E, int64_t K, bool norm,
+                float* p, int32_t* idx, float* w);
+void router_bwd(const float* p, const int32_t* idx, const float* w, const float* dw,
+                const float* dp_extra, int64_t T, int64_t E, int64_t K, bool norm, float* dlogits);
+void topk_rows(const float* p, int64_t T, int64_t E, int64_t K, int32_t* idx);
+void count_experts(const int32_t* idx, int64_t T, int64_t K, int64_t E, double* counts);
+void router_aux_stats(const float* p, const int32_t* idx, int64_t T, int64_t E, int64_t K,
+                      double* hits, double* psum);
+void expert_bias_update(const double* load, int64_t E, double coeff, float* bias);
 
 // ---- gemm.h (row-major, leading dimensions in elements)
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,

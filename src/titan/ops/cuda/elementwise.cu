@@ -5,6 +5,7 @@
 //   rmsnorm_fwd    y = w ⊙ x·rstd, rstd = 1/sqrt(mean(x²) + eps)     per row of N (T·H rows)
 //   rmsnorm_bwd    dx = rstd·(dy⊙w − x̂·mean(dy⊙w⊙x̂)); dw += Σ_rows dy⊙x̂ (backward of
 //                  rmsnorm_fwd; dw in 32 fixed row blocks, then the blocks in order, as the CPU)
+//   rope_table     cos_sin[max_pos, d] with the CPU's formula; first_bad_position read back
 //   rope_fwd/bwd   rotate halves (x1, x2) of each head by the position's (cos, sin); bwd by −sin
 //   swiglu_fwd     g[T,F] = silu(a)·b for ab[T, 2F] = [a | b];  swiglu_bwd its backward
 //   add, add_inplace, to_bf16 (round to nearest even; NaN stays a quiet NaN)
@@ -58,23 +59,6 @@ __global__ void scatter_runs(const int32_t* sorted_ids, const int32_t* tokens, i
       dst[c] = acc;
     }
   }
-}
-
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  v = lane < warps ? warp_sums[lane] : 0.0f;
-  if (warp == 0)
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x == 0) warp_sums[0] = v;
-  __syncthreads();
-  const float r = warp_sums[0];
-  __syncthreads();  // warp_sums is reused by the next call
-  return r;
 }
 
 // One block per row r = (t, h).
@@ -178,12 +162,53 @@ __global__ void to_bf16_k(const float* x, int64_t n, uint16_t* y) {
   }
 }
 
+__global__ void rope_table_k(int64_t max_pos, int64_t d, double theta, float* cs) {
+  const int64_t half = d / 2;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < max_pos * half;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = e / half, i = e % half;
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(d);
+    const float inv = 1.0f / powf(static_cast<float>(theta), expo);
+    const float f = static_cast<float>(p) * inv;
+    cs[p * d + i] = static_cast<float>(cos(static_cast<double>(f)));
+    cs[p * d + half + i] = static_cast<float>(sin(static_cast<double>(f)));
+  }
+}
+
+__global__ void first_bad_pos_k(const int32_t* pos, int64_t n, int64_t limit,
+                                unsigned long long* first) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (pos[t] < 0 || pos[t] >= limit) atomicMin(first, static_cast<unsigned long long>(t));
+}
+
 unsigned grid(int64_t n) {
   const unsigned b = blocks_for(n, kThreads);
   return b > 65535u * 8u ? 65535u * 8u : b;
 }
 
 }  // namespace
+
+void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {
+  if (max_pos * d <= 0) return;
+  rope_table_k<<<grid(max_pos * d / 2), kThreads, 0, stream()>>>(max_pos, d, theta, cos_sin);
+  TITAN_CUDA_LAUNCHED("rope_table");
+}
+
+int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit) {
+  if (n <= 0) return -1;
+  Temp<unsigned long long> first(1);
+  const unsigned long long none = ~0ull;
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(first.get(), &none, sizeof none, cudaMemcpyHostToDevice, stream()));
+  first_bad_pos_k<<<grid(n), kThreads, 0, stream()>>>(pos, n, limit, first.get());
+  TITAN_CUDA_LAUNCHED("first_bad_position");
+  unsigned long long bad = none;
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(&bad, first.get(), sizeof bad, cudaMemcpyDeviceToHost, stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return bad == none ? -1 : static_cast<int64_t>(bad);
+}
 
 void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
                    float* out) {

@@ -47,4 +47,27 @@ class Temp {
   T* p_ = nullptr;
 };
 
+// The sum (or maximum) of v over the block's threads, returned to every thread (blockDim.x a
+// multiple of 32, at most 1024). Warp shuffles, then the warps' results in warp order: a fixed
+// order for a given block size.
+template <bool Max>
+__device__ float block_reduce(float v) {
+  __shared__ float warp_part[32];
+  auto op = [](float a, float b) { return Max ? fmaxf(a, b) : a + b; };
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  v = lane < warps ? warp_part[lane] : (Max ? -INFINITY : 0.0f);
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x == 0) warp_part[0] = v;
+  __syncthreads();
+  const float r = warp_part[0];
+  __syncthreads();  // warp_part is reused by the next call
+  return r;
+}
+inline __device__ float block_sum(float v) { return block_reduce<false>(v); }
+inline __device__ float block_max(float v) { return block_reduce<true>(v); }
+
 }  // namespace titan::ops::cuda

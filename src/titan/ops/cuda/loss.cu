@@ -1,0 +1,128 @@
+// lm_head + cross-entropy on the GPU (ops/cuda/cuda_ops.h), loss.h's contract: per chunk of at
+// most chunk_rows tokens, logits = h·wᵀ (cuBLASLt), then one block per row: max, Σ exp, lse,
+// ce = lse − z[label]; with a gradient the row becomes grad_scale·(softmax − onehot) and
+// dh = g·w, dw += gᵀ·h (bf16: h and g rounded to bf16 for the GEMMs, as the CPU's
+// lm_head_ce_bf16). The scratch layout is the CPU's (logits of a chunk, then ce[T], then the
+// bf16 copies); the per-row ce values are copied back and summed in double in token order on
+// the host, as the CPU sums them.
+#include <vector>
+
+#include "titan/ops/cuda/cuda_ops.h"
+#include "titan/ops/cuda/runtime.h"
+
+namespace titan::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void first_bad_label(const int32_t* labels, int64_t T, int64_t V,
+                                unsigned long long* first) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < T;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (labels[t] != kIgnoreIndex && (labels[t] < 0 || labels[t] >= V))
+      atomicMin(first, static_cast<unsigned long long>(t));
+}
+
+// One block per row r of the chunk starting at token t0.
+__global__ void ce_rows(float* logits, int64_t V, const int32_t* labels, int64_t t0, float scale,
+                        bool grad, float* ce) {
+  const int64_t r = blockIdx.x;
+  float* z = logits + r * V;
+  const int32_t label = labels[t0 + r];
+  if (label == kIgnoreIndex) {
+    if (threadIdx.x == 0) ce[t0 + r] = 0.0f;
+    if (grad)
+      for (int64_t k = threadIdx.x; k < V; k += blockDim.x) z[k] = 0.0f;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t k = threadIdx.x; k < V; k += blockDim.x) mx = fmaxf(mx, z[k]);
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int64_t k = threadIdx.x; k < V; k += blockDim.x) sum += expf(z[k] - mx);
+  sum = block_sum(sum);
+  const float lse = mx + logf(sum);
+  if (threadIdx.x == 0) ce[t0 + r] = lse - z[label];
+  __syncthreads();  // z[label] read before the gradient overwrites it
+  if (grad)
+    for (int64_t k = threadIdx.x; k < V; k += blockDim.x)
+      z[k] = expf(z[k] - lse) * scale - (k == label ? scale : 0.0f);
+}
+
+template <bool BF16, typename W>
+LossSum lm_head(const float* h, const W* w, const int32_t* labels, int64_t T, int64_t D, int64_t V,
+                int64_t chunk_rows, float grad_scale, float* dh, float* dw, float* scratch) {
+  LossSum r;
+  if (T <= 0) return r;
+  {
+    Temp<unsigned long long> first(1);
+    const unsigned long long none = ~0ull;
+    TITAN_CUDA_CHECK(
+        cudaMemcpyAsync(first.get(), &none, sizeof none, cudaMemcpyHostToDevice, stream()));
+    first_bad_label<<<blocks_for(T, kThreads), kThreads, 0, stream()>>>(labels, T, V, first.get());
+    TITAN_CUDA_LAUNCHED("lm_head_ce (labels)");
+    unsigned long long bad = none;
+    TITAN_CUDA_CHECK(
+        cudaMemcpyAsync(&bad, first.get(), sizeof bad, cudaMemcpyDeviceToHost, stream()));
+    TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    if (bad != none) {
+      int32_t label = 0;
+      TITAN_CUDA_CHECK(cudaMemcpy(&label, labels + bad, sizeof label, cudaMemcpyDeviceToHost));
+      throw Error("label " + std::to_string(label) + " at position " + std::to_string(bad) +
+                  " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+    }
+  }
+  const bool grad = grad_scale != 0.0f && dh != nullptr;
+  const int64_t rows = T < chunk_rows ? T : chunk_rows;
+  float* logits = scratch;
+  float* ce = scratch + rows * V;
+  uint16_t* zb = reinterpret_cast<uint16_t*>(ce + T);  // bf16: the logit gradient, then h
+  uint16_t* hb = zb + rows * V;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+    const int64_t n = chunk_rows < T - t0 ? chunk_rows : T - t0;
+    if constexpr (BF16) {
+      to_bf16(h + t0 * D, n * D, hb);
+      gemm_bf16(false, true, n, V, D, hb, D, w, D, logits, V, false);
+    } else {
+      gemm(false, true, n, V, D, h + t0 * D, D, w, D, logits, V, false);
+    }
+    ce_rows<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(logits, V, labels, t0, grad_scale,
+                                                                 grad, ce);
+    TITAN_CUDA_LAUNCHED("lm_head_ce (rows)");
+    if (!grad) continue;
+    if constexpr (BF16) {
+      to_bf16(logits, n * V, zb);
+      gemm_bf16(false, false, n, D, V, zb, V, w, D, dh + t0 * D, D, false);
+      if (dw) gemm_bf16(true, false, V, D, n, zb, V, hb, D, dw, D, true);
+    } else {
+      gemm(false, false, n, D, V, logits, V, w, D, dh + t0 * D, D, false);
+      if (dw) gemm(true, false, V, D, n, logits, V, h + t0 * D, D, dw, D, true);
+    }
+  }
+  std::vector<float> ce_host(static_cast<size_t>(T));
+  std::vector<int32_t> labels_host(static_cast<size_t>(T));
+  copy(ce_host.data(), ce, sizeof(float) * ce_host.size());
+  copy(labels_host.data(), labels, sizeof(int32_t) * labels_host.size());
+  for (int64_t t = 0; t < T; ++t) {
+    if (labels_host[static_cast<size_t>(t)] == kIgnoreIndex) continue;
+    r.sum += ce_host[static_cast<size_t>(t)];
+    ++r.count;
+  }
+  return r;
+}
+
+}  // namespace
+
+LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_t T, int64_t D,
+                   int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
+                   float* scratch) {
+  return lm_head<false>(h, w, labels, T, D, V, chunk_rows, grad_scale, dh, dw, scratch);
+}
+
+LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels, int64_t T,
+                        int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
+                        float* dw, float* scratch) {
+  return lm_head<true>(h, w, labels, T, D, V, chunk_rows, grad_scale, dh, dw, scratch);
+}
+
+}  // namespace titan::ops::cuda
