@@ -29,7 +29,8 @@ t0=$(date +%s)
 pids=()
 for f in src/titan/ops/cuda/runtime.cu src/titan/ops/cuda/elementwise.cu src/titan/ops/cuda/gemm.cu \
          src/titan/ops/cuda/attention.cu src/titan/ops/cuda/loss.cu \
-         src/titan/ops/cuda/router.cu src/titan/ops/cuda/backend.cu src/titan/optim/cuda/adamw.cu; do
+         src/titan/ops/cuda/router.cu src/titan/ops/cuda/experts.cu \
+         src/titan/ops/cuda/backend.cu src/titan/optim/cuda/adamw.cu; do
   o="$build/$(basename "$f" .cu).o"
   "$nvcc" -std=c++17 -O3 $gencode --fmad=false -Werror=all-warnings \
       -Xcompiler=-Wall,-Wextra,-Werror -Isrc -c "$f" -o "$o" >>"$log" 2>&1 &

@@ -33,6 +33,11 @@ void register_builtins(Registry& reg) {
   reg.add_op(ops::grouped_experts_op());
   reg.add_op(ops::grouped_experts_bf16_op());
   reg.add_op(ops::grouped_experts_reference_op());
+#ifdef TITAN_HAVE_CUDA
+  reg.add_op(ops::cuda::cos_sin_rope_op());
+  reg.add_op(ops::cuda::grouped_experts_op(false));
+  reg.add_op(ops::cuda::grouped_experts_op(true));
+#endif
 }
 
 Registry& Registry::global() {

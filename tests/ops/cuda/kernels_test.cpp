@@ -18,6 +18,8 @@
 //     1e-2 for lm_head_ce_bf16 (h and the logit gradient rounded to bf16 for the GEMMs);
 //   router: the selected experts and counts exact; p, w and psum 2e-6 (CUDA's expf against
 //     glibc's), dlogits 1e-5; the expert bias update exact;
+//   grouped experts: 1e-5 (fp32) / 2e-2 (bf16) against the expert MLPs in double, y, dx, dw and
+//     the weight gradients, an expert with no tokens included;
 //   gemm: |Δ| <= 1e-5 · Σ_k |a_ik·b_kj| per element (fp32 sums of K products; bf16 inputs are
 //     exact in fp32, so the same bound holds for gemm_bf16).
 // Exit 0: all passed; 1: a check failed; 77: no GPU visible (ctest reports it skipped).
@@ -36,6 +38,7 @@
 #include "titan/ops/attention.h"
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/elementwise.h"
+#include "titan/ops/experts_op.h"
 #include "titan/ops/loss.h"
 #include "titan/ops/router.h"
 #include "titan/optim/adamw.h"
@@ -386,6 +389,98 @@ void test_router() {
   }
 }
 
+void test_experts() {
+  const ops::ExpertsShape sh{50, 24, 20, 8, 2};
+  const int64_t T = sh.T, D = sh.D, F = sh.F, E = sh.E, K = sh.K;
+  const auto x = randn(T * D), w1 = randn(E * F * D, 0.2f), w3 = randn(E * F * D, 0.2f),
+             w2 = randn(E * D * F, 0.2f), dy = randn(T * D), rw = randn(T * K, 0.5f);
+  std::vector<int32_t> idx(T * K);
+  for (int64_t t = 0; t < T; ++t)  // two different experts of 0..6: expert 7 gets no token
+    for (int64_t j = 0; j < K; ++j) idx[t * K + j] = static_cast<int32_t>((t * 3 + j * 5) % 7);
+  // The reference in double.
+  std::vector<double> y(T * D, 0), dx(T * D, 0), dw(T * K, 0), dw1(E * F * D, 0), dw3(E * F * D, 0),
+      dw2(E * D * F, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = idx[t * K + j];
+      const double wt = rw[t * K + j];
+      std::vector<double> a(F, 0), b(F, 0), sg(F), g(F), yp(D, 0), dg(F, 0);
+      for (int64_t f = 0; f < F; ++f) {
+        for (int64_t c = 0; c < D; ++c) {
+          a[f] += static_cast<double>(w1[(e * F + f) * D + c]) * x[t * D + c];
+          b[f] += static_cast<double>(w3[(e * F + f) * D + c]) * x[t * D + c];
+        }
+        sg[f] = 1 / (1 + std::exp(-a[f]));
+        g[f] = a[f] * sg[f] * b[f];
+      }
+      for (int64_t c = 0; c < D; ++c)
+        for (int64_t f = 0; f < F; ++f)
+          yp[c] += static_cast<double>(w2[(e * D + c) * F + f]) * g[f];
+      for (int64_t c = 0; c < D; ++c) {
+        y[t * D + c] += wt * yp[c];
+        dw[t * K + j] += dy[t * D + c] * yp[c];
+        for (int64_t f = 0; f < F; ++f) {
+          dg[f] += static_cast<double>(w2[(e * D + c) * F + f]) * wt * dy[t * D + c];
+          dw2[(e * D + c) * F + f] += wt * dy[t * D + c] * g[f];
+        }
+      }
+      for (int64_t f = 0; f < F; ++f) {
+        const double da = dg[f] * b[f] * (sg[f] * (1 + a[f] * (1 - sg[f]))),
+                     db = dg[f] * a[f] * sg[f];
+        for (int64_t c = 0; c < D; ++c) {
+          dx[t * D + c] += w1[(e * F + f) * D + c] * da + w3[(e * F + f) * D + c] * db;
+          dw1[(e * F + f) * D + c] += da * x[t * D + c];
+          dw3[(e * F + f) * D + c] += db * x[t * D + c];
+        }
+      }
+    }
+  auto f32 = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  std::vector<uint16_t> w1h(w1.size()), w3h(w3.size()), w2h(w2.size());
+  ops::to_bf16(w1.data(), E * F * D, w1h.data());
+  ops::to_bf16(w3.data(), E * F * D, w3h.data());
+  ops::to_bf16(w2.data(), E * D * F, w2h.data());
+  for (const bool bf16 : {false, true}) {
+    const ops::GroupedExpertsOp op = cu::grouped_experts_op(bf16);
+    const std::string name = std::string("grouped_experts") + (bf16 ? " bf16" : "");
+    const double tol = bf16 ? 2e-2 : 1e-5;
+    Dev<float> d_x(x), d_w1(w1), d_w3(w3), d_w2(w2), d_dy(dy), d_rw(rw), d_y(T * D), d_dx(T * D),
+        d_dw(T * K), d_dw1(w1.size()), d_dw3(w3.size()), d_dw2(w2.size()),
+        d_saved(op.saved_floats(sh)), d_scratch(op.scratch_floats(sh));
+    Dev<uint16_t> d_w1h(w1h), d_w3h(w3h), d_w2h(w2h);
+    Dev<int32_t> d_idx(idx);
+    ops::ExpertsArgs a;
+    a.s = sh;
+    a.x = d_x.p;
+    a.idx = d_idx.p;
+    a.w = d_rw.p;
+    a.w1 = d_w1.p;
+    a.w3 = d_w3.p;
+    a.w2 = d_w2.p;
+    a.saved = d_saved.p;
+    a.scratch = d_scratch.p;
+    if (bf16) {
+      a.w1_bf16 = d_w1h.p;
+      a.w3_bf16 = d_w3h.p;
+      a.w2_bf16 = d_w2h.p;
+    }
+    op.forward(a, d_y.p);
+    report(name + " y", rel_diff(d_y.host(), f32(y)), tol);
+    ops::ExpertsGrads g;
+    g.dy = d_dy.p;
+    g.dx = d_dx.p;
+    g.dw = d_dw.p;
+    g.dw1 = d_dw1.p;
+    g.dw3 = d_dw3.p;
+    g.dw2 = d_dw2.p;
+    op.backward(a, g);
+    report(name + " dx", rel_diff(d_dx.host(), f32(dx)), tol);
+    report(name + " dw (routing weights)", rel_diff(d_dw.host(), f32(dw)), tol);
+    report(name + " dw1", rel_diff(d_dw1.host(), f32(dw1)), tol);
+    report(name + " dw3", rel_diff(d_dw3.host(), f32(dw3)), tol);
+    report(name + " dw2", rel_diff(d_dw2.host(), f32(dw2)), tol);
+  }
+}
+
 float bf16_to_f32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
@@ -548,6 +643,7 @@ int main(int argc, char** argv) {
     test_attention();
     test_lm_head_ce();
     test_router();
+    test_experts();
     test_gemm();
     test_linear();
     test_optim();

@@ -19,7 +19,9 @@
 
 #include "titan/ops/attention.h"
 #include "titan/ops/elementwise.h"
+#include "titan/ops/experts_op.h"
 #include "titan/ops/loss.h"
+#include "titan/ops/rope_op.h"
 #include "titan/ops/router.h"
 
 namespace titan::ops {
@@ -63,6 +65,8 @@ void rope_fwd(float* x, int64_t T, int64_t H, int64_t d, int64_t ldx, const int3
               const float* cos_sin);
 void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int32_t* positions,
               const float* cos_sin);
+// The "cos_sin_rope" RoPE op under device cuda (rope_fwd/rope_bwd); registered by builtins.cpp.
+RopeOp cos_sin_rope_op();
 void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F);
 void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t F);
 void add(const float* a, const float* b, float* out, int64_t n);
@@ -108,6 +112,10 @@ void count_experts(const int32_t* idx, int64_t T, int64_t K, int64_t E, double* 
 void router_aux_stats(const float* p, const int32_t* idx, int64_t T, int64_t E, int64_t K,
                       double* hits, double* psum);
 void expert_bias_update(const double* load, int64_t E, double coeff, float* bias);
+
+// ---- experts_op.h: "grouped_experts" under device cuda (ops/cuda/experts.cu; saved and scratch
+// in device memory); registered by builtins.cpp when built with CUDA.
+GroupedExpertsOp grouped_experts_op(bool bf16);
 
 // ---- gemm.h (row-major, leading dimensions in elements)
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,

@@ -15,6 +15,7 @@
 
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/cuda/runtime.h"
+#include "titan/ops/rope_op.h"
 
 namespace titan::ops::cuda {
 namespace {
@@ -292,6 +293,17 @@ void rope_bwd(float* dx, int64_t T, int64_t H, int64_t d, int64_t ldx, const int
   rope_rows<<<grid(T * H * d / 2), kThreads, 0, stream()>>>(dx, T, H, d, ldx, positions, cos_sin,
                                                             -1.0f);
   TITAN_CUDA_LAUNCHED("rope_bwd");
+}
+
+RopeOp cos_sin_rope_op() {
+  RopeOp op;
+  op.name = "cos_sin_rope";
+  op.device = "cuda";
+  op.forward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
+                  const int32_t* pos, const float* cs) { rope_fwd(x, B * S, H, d, ldx, pos, cs); };
+  op.backward = [](float* x, int64_t B, int64_t S, int64_t H, int64_t d, int64_t ldx,
+                   const int32_t* pos, const float* cs) { rope_bwd(x, B * S, H, d, ldx, pos, cs); };
+  return op;
 }
 
 void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F) {
