@@ -248,25 +248,38 @@ TEST(Plugin, ThrowingKernelGivesAClearError) {
 // missing pair names what exists.
 TEST(OpRegistry, OpsAreKeyedByNameDeviceAndDtype) {
   Registry::global().reset();
-  ops::GroupedExpertsOp cuda = ops::grouped_experts_reference_op();
-  cuda.name = "grouped_experts";
-  cuda.device = "cuda";
-  cuda.dtype = "bfloat16";
-  Registry::global().add_op(cuda);
+  ops::GroupedExpertsOp other = ops::grouped_experts_reference_op();  // a device titan lacks
+  other.name = "grouped_experts";
+  other.device = "rocm";
+  other.dtype = "bfloat16";
+  Registry::global().add_op(other);
   EXPECT_EQ(
-      Registry::global().op<ops::GroupedExpertsOp>("grouped_experts", "cuda", "bfloat16").device,
-      "cuda");
+      Registry::global().op<ops::GroupedExpertsOp>("grouped_experts", "rocm", "bfloat16").device,
+      "rocm");
   EXPECT_EQ(Registry::global().op<ops::GroupedExpertsOp>("grouped_experts").device, "cpu");
-  EXPECT_THROW(Registry::global().add_op(cuda), Error);  // same key twice
+  EXPECT_THROW(Registry::global().add_op(other), Error);  // same key twice
   try {
-    Registry::global().op<ops::RopeOp>("cos_sin_rope", "cuda", "float32");
+    Registry::global().op<ops::RopeOp>("cos_sin_rope", "rocm", "float32");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("for cuda/float32; it exists for cpu/float32"),
+    EXPECT_NE(std::string(e.what()).find("for rocm/float32; it exists for cpu/float32"),
               std::string::npos)
         << e.what();
   }
   Registry::global().reset();
+}
+
+// Built with CUDA, the built-in RoPE and grouped-experts ops exist for device cuda too (their
+// kernels run only where a GPU is: tests/ops/cuda/kernels_test.cpp).
+TEST(OpRegistry, CudaOpsAreBuiltInWhenBuilt) {
+#ifdef TITAN_HAVE_CUDA
+  Registry& r = Registry::global();
+  EXPECT_EQ(r.op<ops::RopeOp>("cos_sin_rope", "cuda", "float32").device, "cuda");
+  for (const char* dtype : {"float32", "bfloat16"})
+    EXPECT_EQ(r.op<ops::GroupedExpertsOp>("grouped_experts", "cuda", dtype).dtype, dtype);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 config::JobConfig tiny_moe(const std::string& imports) {

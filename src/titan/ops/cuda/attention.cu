@@ -47,6 +47,13 @@ __device__ void load_tile(float* dst, const float* src, int64_t row0, int64_t r0
   }
 }
 
+// The first key any of the queries [q0, q0 + rows) of a row sees: their smallest seg_start.
+__device__ int32_t first_key(const int32_t* seg, int64_t q0, int64_t rows) {
+  int32_t lo = static_cast<int32_t>(q0);
+  for (int64_t i = 0; i < rows; ++i) lo = min(lo, seg[q0 + i]);
+  return lo;
+}
+
 __device__ float dot(const float* a, const float* b, int64_t d) {
   float s = 0.0f;
   for (int64_t c = 0; c < d; ++c) s += a[c] * b[c];
@@ -73,11 +80,7 @@ __global__ void fwd_k(AttnShape s, const float* q, const float* k, const float* 
     m[threadIdx.x] = -INFINITY;
     l[threadIdx.x] = 0.0f;
   }
-  if (threadIdx.x == 0) {
-    int32_t lo = static_cast<int32_t>(q0);
-    for (int64_t i = 0; i < rows; ++i) lo = min(lo, seg[row0 + q0 + i]);
-    kmin = lo;
-  }
+  if (threadIdx.x == 0) kmin = first_key(seg + row0, q0, rows);
   __syncthreads();
   for (int64_t k0 = kmin / kTile * kTile; k0 < q0 + rows; k0 += kTile) {
     load_tile<BF16>(Ks, k, row0, k0, s.S, s.ldk, g * d, d);
@@ -160,11 +163,7 @@ __global__ void dq_k(AttnShape s, const float* q, const float* k, const float* v
     L[threadIdx.x] = in ? lse[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
     D[threadIdx.x] = in ? delta[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
   }
-  if (threadIdx.x == 0) {
-    int32_t lo = static_cast<int32_t>(q0);
-    for (int64_t i = 0; i < rows; ++i) lo = min(lo, seg[row0 + q0 + i]);
-    kmin = lo;
-  }
+  if (threadIdx.x == 0) kmin = first_key(seg + row0, q0, rows);
   __syncthreads();
   for (int64_t k0 = kmin / kTile * kTile; k0 < q0 + rows; k0 += kTile) {
     load_tile<BF16>(Ks, k, row0, k0, s.S, s.ldk, g * d, d);

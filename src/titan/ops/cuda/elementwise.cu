@@ -22,10 +22,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void first_bad_id(const int32_t* ids, int64_t T, int64_t V, unsigned long long* first) {
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < T;
+// The first t with v[t] outside [lo, hi) and not `allowed`, by atomicMin over the threads.
+__global__ void first_outside_k(const int32_t* v, int64_t n, int64_t lo, int64_t hi,
+                                int64_t allowed, unsigned long long* first) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (ids[t] < 0 || ids[t] >= V) atomicMin(first, static_cast<unsigned long long>(t));
+    if (v[t] != allowed && (v[t] < lo || v[t] >= hi))
+      atomicMin(first, static_cast<unsigned long long>(t));
 }
 
 __global__ void iota_k(int32_t* x, int64_t n) {
@@ -176,13 +179,6 @@ __global__ void rope_table_k(int64_t max_pos, int64_t d, double theta, float* cs
   }
 }
 
-__global__ void first_bad_pos_k(const int32_t* pos, int64_t n, int64_t limit,
-                                unsigned long long* first) {
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (pos[t] < 0 || pos[t] >= limit) atomicMin(first, static_cast<unsigned long long>(t));
-}
-
 unsigned grid(int64_t n) {
   const unsigned b = blocks_for(n, kThreads);
   return b > 65535u * 8u ? 65535u * 8u : b;
@@ -196,41 +192,37 @@ void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {
   TITAN_CUDA_LAUNCHED("rope_table");
 }
 
-int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit) {
+int64_t first_outside(const int32_t* v, int64_t n, int64_t lo, int64_t hi, int64_t allowed,
+                      int32_t* value) {
   if (n <= 0) return -1;
   Temp<unsigned long long> first(1);
   const unsigned long long none = ~0ull;
   TITAN_CUDA_CHECK(
       cudaMemcpyAsync(first.get(), &none, sizeof none, cudaMemcpyHostToDevice, stream()));
-  first_bad_pos_k<<<grid(n), kThreads, 0, stream()>>>(pos, n, limit, first.get());
-  TITAN_CUDA_LAUNCHED("first_bad_position");
+  first_outside_k<<<grid(n), kThreads, 0, stream()>>>(v, n, lo, hi, allowed, first.get());
+  TITAN_CUDA_LAUNCHED("first_outside");
   unsigned long long bad = none;
   TITAN_CUDA_CHECK(
       cudaMemcpyAsync(&bad, first.get(), sizeof bad, cudaMemcpyDeviceToHost, stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return bad == none ? -1 : static_cast<int64_t>(bad);
+  if (bad == none) return -1;
+  if (value) TITAN_CUDA_CHECK(cudaMemcpy(value, v + bad, sizeof *value, cudaMemcpyDeviceToHost));
+  return static_cast<int64_t>(bad);
+}
+
+int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit) {
+  return first_outside(pos, n, 0, limit, kNoException, nullptr);
 }
 
 void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
                    float* out) {
   if (T <= 0) return;
-  Temp<unsigned long long> first(1);
-  const unsigned long long none = ~0ull;
-  TITAN_CUDA_CHECK(
-      cudaMemcpyAsync(first.get(), &none, sizeof none, cudaMemcpyHostToDevice, stream()));
-  first_bad_id<<<grid(T), kThreads, 0, stream()>>>(ids, T, V, first.get());
-  TITAN_CUDA_LAUNCHED("first_bad_id");
-  unsigned long long bad = none;
-  TITAN_CUDA_CHECK(
-      cudaMemcpyAsync(&bad, first.get(), sizeof bad, cudaMemcpyDeviceToHost, stream()));
-  TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  if (bad != none) {
-    int32_t id = 0;
-    TITAN_CUDA_CHECK(cudaMemcpy(&id, ids + bad, sizeof id, cudaMemcpyDeviceToHost));
+  int32_t id = 0;
+  const int64_t bad = first_outside(ids, T, 0, V, kNoException, &id);
+  if (bad >= 0)
     throw Error("token id " + std::to_string(id) + " at position " + std::to_string(bad) +
                 " is outside the vocabulary [0, " + std::to_string(V) +
                 "); check the tokenizer and model.vocab_size");
-  }
   gather_rows<<<grid(T * D), kThreads, 0, stream()>>>(ids, T, table, D, out);
   TITAN_CUDA_LAUNCHED("embedding_fwd");
 }

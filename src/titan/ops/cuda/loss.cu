@@ -15,14 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void first_bad_label(const int32_t* labels, int64_t T, int64_t V,
-                                unsigned long long* first) {
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < T;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (labels[t] != kIgnoreIndex && (labels[t] < 0 || labels[t] >= V))
-      atomicMin(first, static_cast<unsigned long long>(t));
-}
-
 // One block per row r of the chunk starting at token t0.
 __global__ void ce_rows(float* logits, int64_t V, const int32_t* labels, int64_t t0, float scale,
                         bool grad, float* ce) {
@@ -54,24 +46,11 @@ LossSum lm_head(const float* h, const W* w, const int32_t* labels, int64_t T, in
                 int64_t chunk_rows, float grad_scale, float* dh, float* dw, float* scratch) {
   LossSum r;
   if (T <= 0) return r;
-  {
-    Temp<unsigned long long> first(1);
-    const unsigned long long none = ~0ull;
-    TITAN_CUDA_CHECK(
-        cudaMemcpyAsync(first.get(), &none, sizeof none, cudaMemcpyHostToDevice, stream()));
-    first_bad_label<<<blocks_for(T, kThreads), kThreads, 0, stream()>>>(labels, T, V, first.get());
-    TITAN_CUDA_LAUNCHED("lm_head_ce (labels)");
-    unsigned long long bad = none;
-    TITAN_CUDA_CHECK(
-        cudaMemcpyAsync(&bad, first.get(), sizeof bad, cudaMemcpyDeviceToHost, stream()));
-    TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    if (bad != none) {
-      int32_t label = 0;
-      TITAN_CUDA_CHECK(cudaMemcpy(&label, labels + bad, sizeof label, cudaMemcpyDeviceToHost));
-      throw Error("label " + std::to_string(label) + " at position " + std::to_string(bad) +
-                  " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
-    }
-  }
+  int32_t label = 0;
+  const int64_t bad = first_outside(labels, T, 0, V, kIgnoreIndex, &label);
+  if (bad >= 0)
+    throw Error("label " + std::to_string(label) + " at position " + std::to_string(bad) +
+                " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
   const bool grad = grad_scale != 0.0f && dh != nullptr;
   const int64_t rows = T < chunk_rows ? T : chunk_rows;
   float* logits = scratch;

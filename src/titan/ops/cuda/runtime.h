@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -26,6 +27,13 @@ inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 30) ? (1 << 30) : b));
 }
+
+// The first t with v[t] (device int32) outside [lo, hi) and not equal to `allowed`
+// (kNoException: none allowed), or −1; *value (when given) gets that v[t]. Reads back to the host
+// (the ops that check their indices before use, as the CPU ops do). elementwise.cu.
+constexpr int64_t kNoException = INT64_MIN;
+int64_t first_outside(const int32_t* v, int64_t n, int64_t lo, int64_t hi, int64_t allowed,
+                      int32_t* value);
 
 // Device memory for one op's temporaries, freed in stream order when it goes out of scope.
 template <typename T>
