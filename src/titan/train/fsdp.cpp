@@ -11,7 +11,7 @@ namespace titan::train {
 
 Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& policy,
            bool bf16_gather, dist::Communicator* expert_group)
-    : model_(model), group_(group), bf16_(bf16_gather) {
+    : model_(model), bf16_(bf16_gather) {
   check(policy == "default" || policy == "always" || policy == "never",
         "parallelism.fsdp_reshard_after_forward '" + policy + "' must be default, always or never");
   for (const auto& p : model.params()) tied_ = tied_ || p.alias;

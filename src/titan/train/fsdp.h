@@ -130,7 +130,6 @@ class Fsdp final : public models::ParamHooks {
   void wait(dist::Request& r);  // counts the seconds it took and the part waited for
 
   models::Model& model_;
-  dist::Communicator& group_;
   std::vector<Piece> pieces_;
   std::vector<size_t> first_piece_;  // unit i: pieces [first_piece_[i], first_piece_[i+1])
   ckpt::Segments own_;
