@@ -258,6 +258,17 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
     EXPECT_NE(std::string(e.what()).find(victim + "': its slices leave a gap"), std::string::npos)
         << e.what();
   }
+  // A run count that would overflow (and expand to 10^15 runs) is refused before any expansion.
+  slices[0][4] = int64_t{1000000000000000};
+  std::ofstream(step + "/" + kShardedIndexName) << bad.dump();
+  write_checksums(step);
+  try {
+    Checkpointer(c).load(*again, m2.data(), v2.data());
+    ADD_FAILURE() << "an absurd run count loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lies outside its 2048 elements"), std::string::npos)
+        << e.what();
+  }
 }
 
 class HfRoundTrip : public ::testing::TestWithParam<std::string> {};

@@ -344,9 +344,11 @@ class ShardedDir {
           g.count = sl[4].get<int64_t>();
           g.stride = sl[5].get<int64_t>();
         }
-        check(g.begin >= 0 && g.len > 0 && g.at >= 0 && g.count >= 1 &&
-                  (g.count == 1 || g.stride >= g.len) &&
-                  g.begin + (g.count - 1) * g.stride + g.len <= numel,
+        // Divisions, not products, so that no value of the file can overflow.
+        check(numel > 0 && g.begin >= 0 && g.len > 0 && g.begin <= numel - g.len && g.at >= 0 &&
+                  g.count >= 1 &&
+                  (g.count == 1 ||
+                   (g.stride >= g.len && g.count - 1 <= (numel - g.len - g.begin) / g.stride)),
               at + ": slice " + sl.dump() + " lies outside its " + std::to_string(numel) +
                   " elements");
         auto f = files_.find(file);
@@ -357,6 +359,11 @@ class ShardedDir {
                                                 "; the directory was changed after it was saved");
           f = files_.emplace(file, SafetensorsFile::open(path)).first;
         }
+        // The runs must lie in the file's data (so their number is bounded by its size).
+        const int64_t held = static_cast<int64_t>(f->second.size() / sizeof(float));
+        check(
+            g.at <= held && g.count <= (held - g.at) / g.len,
+            at + ": slice " + sl.dump() + " holds more elements than " + f->second.path() + " has");
         for (int64_t i = 0; i < g.count; ++i)
           t.runs.push_back({&f->second, g.begin + i * g.stride, g.begin + i * g.stride + g.len,
                             g.at + i * g.len});
