@@ -129,39 +129,59 @@ std::set<int64_t> fused_expert_layers(const Qwen3Model& model, const TensorSourc
   return fused;
 }
 
-// dst[0, n) ← elements [w, w + n) of parameter p's whole tensor (flattened): from its HF tensor,
-// or for routed experts from the per-expert tensors the range crosses (or the fused ones).
-void read_whole_range(const TensorSource& set, const models::ParamInfo& p,
-                      const std::set<int64_t>& fused, int64_t w, int64_t n, float* dst) {
-  const auto [idx, rest] = split_layer(p.fqn, "layers.");
-  if (idx.empty() || rest.rfind("moe.experts.", 0) != 0) {
-    set.read_f32_range(to_hf_key(p.fqn), p.shape, w, w + n, dst);
-    return;
-  }
-  const std::string which = rest.substr(12), pre = "model.layers." + idx + ".mlp.experts.";
-  const int64_t E = p.shape[0], per = p.shape[1] * p.shape[2];
-  if (fused.count(std::stoll(idx))) {
-    if (which == "w2") {  // down_proj [E, D, F] is w2 itself
-      set.read_f32_range(pre + "down_proj", p.shape, w, w + n, dst);
+// Where a parameter's whole tensor (flattened) lies in an HF state dict, resolved once per
+// parameter: one tensor of the same layout (`key`, also w2's fused down_proj [E, D, F]); or, for
+// routed experts, `per` elements per expert in the per-expert tensors `keys[e]`, or at offset
+// `first` of each expert's 2·per rows of the fused gate_up_proj [E, 2F, D] (w1 then w3).
+struct HfSource {
+  std::string key;
+  std::vector<std::string> keys;
+  std::vector<int64_t> shape;
+  int64_t per = 0, first = 0;
+  bool gate_up = false;
+
+  HfSource(const models::ParamInfo& p, const std::set<int64_t>& fused) : shape(p.shape) {
+    const auto [idx, rest] = split_layer(p.fqn, "layers.");
+    if (idx.empty() || rest.rfind("moe.experts.", 0) != 0) {
+      key = to_hf_key(p.fqn);
       return;
     }
-    const std::vector<int64_t> gu{E, 2 * p.shape[1], p.shape[2]};
-    while (n > 0) {  // gate_up_proj[e] = [w1[e]; w3[e]]
+    const std::string which = rest.substr(12), pre = "model.layers." + idx + ".mlp.experts.";
+    const int64_t E = p.shape[0];
+    per = p.shape[1] * p.shape[2];
+    if (fused.count(std::stoll(idx))) {
+      if (which == "w2") {
+        key = pre + "down_proj";
+        per = 0;
+        return;
+      }
+      key = pre + "gate_up_proj";
+      shape = {E, 2 * p.shape[1], p.shape[2]};
+      first = which == "w3" ? per : 0;
+      gate_up = true;
+      return;
+    }
+    const char* h = which == "w1" ? "gate_proj" : which == "w3" ? "up_proj" : "down_proj";
+    shape = {p.shape[1], p.shape[2]};
+    for (int64_t e = 0; e < E; ++e) keys.push_back(pre + std::to_string(e) + "." + h + ".weight");
+  }
+
+  // dst[0, n) ← elements [w, w + n) of the parameter's whole tensor.
+  void read(const TensorSource& set, int64_t w, int64_t n, float* dst) const {
+    if (per == 0) {
+      set.read_f32_range(key, shape, w, w + n, dst);
+      return;
+    }
+    while (n > 0) {  // the experts the range crosses
       const int64_t e = w / per, r = w % per, m = std::min(n, per - r);
-      const int64_t from = e * 2 * per + (which == "w3" ? per : 0) + r;
-      set.read_f32_range(pre + "gate_up_proj", gu, from, from + m, dst);
+      if (gate_up)
+        set.read_f32_range(key, shape, e * 2 * per + first + r, e * 2 * per + first + r + m, dst);
+      else
+        set.read_f32_range(keys[static_cast<size_t>(e)], shape, r, r + m, dst);
       w += m, n -= m, dst += m;
     }
-    return;
   }
-  const char* h = which == "w1" ? "gate_proj" : which == "w3" ? "up_proj" : "down_proj";
-  while (n > 0) {
-    const int64_t e = w / per, r = w % per, m = std::min(n, per - r);
-    set.read_f32_range(pre + std::to_string(e) + "." + h + ".weight", {p.shape[1], p.shape[2]}, r,
-                       r + m, dst);
-    w += m, n -= m, dst += m;
-  }
-}
+};
 }  // namespace
 
 void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where,
@@ -203,10 +223,10 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
   float* P = model.param_data();
   for (const auto& p : model.params()) {
     if (p.alias) continue;
+    const HfSource src(p, fused);
     auto read_held = [&](int64_t a, int64_t z) {
-      models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t n) {
-        read_whole_range(set, p, fused, w, n, P + p.offset + l);
-      });
+      models::for_each_whole_run(
+          p, a, z, [&](int64_t w, int64_t l, int64_t n) { src.read(set, w, n, P + p.offset + l); });
     };
     if (!only) {
       read_held(0, p.numel);

@@ -94,7 +94,7 @@ void attention_cached(const float* q, int64_t ldq, const float* const* k, const 
                       int64_t d, float scale, float* o);
 
 // ---- loss.h (scratch: lm_head_ce_scratch / lm_head_ce_bf16_scratch floats of device memory;
-// the per-row losses are summed on the host, in token order, as the CPU sums them)
+// the per-row losses are summed in token order, as the CPU sums them)
 LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_t T, int64_t D,
                    int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
                    float* scratch);

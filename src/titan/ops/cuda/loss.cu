@@ -3,10 +3,8 @@
 // ce = lse − z[label]; with a gradient the row becomes grad_scale·(softmax − onehot) and
 // dh = g·w, dw += gᵀ·h (bf16: h and g rounded to bf16 for the GEMMs, as the CPU's
 // lm_head_ce_bf16). The scratch layout is the CPU's (logits of a chunk, then ce[T], then the
-// bf16 copies); the per-row ce values are copied back and summed in double in token order on
-// the host, as the CPU sums them.
-#include <vector>
-
+// bf16 copies); the per-row ce values are summed in double in token order by one device thread,
+// as the CPU sums them, and only the sum and count are read back.
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/cuda/runtime.h"
 
@@ -39,6 +37,19 @@ __global__ void ce_rows(float* logits, int64_t V, const int32_t* labels, int64_t
   if (grad)
     for (int64_t k = threadIdx.x; k < V; k += blockDim.x)
       z[k] = expf(z[k] - lse) * scale - (k == label ? scale : 0.0f);
+}
+
+// out = {Σ ce[t] over valid labels in token order (double, as the CPU sums), their count}.
+__global__ void sum_valid_k(const float* ce, const int32_t* labels, int64_t T, double* out) {
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t t = 0; t < T; ++t)
+    if (labels[t] != kIgnoreIndex) {
+      sum += ce[t];
+      ++count;
+    }
+  out[0] = sum;
+  out[1] = static_cast<double>(count);
 }
 
 template <bool BF16, typename W>
@@ -78,15 +89,15 @@ LossSum lm_head(const float* h, const W* w, const int32_t* labels, int64_t T, in
       if (dw) gemm(true, false, V, D, n, logits, V, h + t0 * D, D, dw, D, true);
     }
   }
-  std::vector<float> ce_host(static_cast<size_t>(T));
-  std::vector<int32_t> labels_host(static_cast<size_t>(T));
-  copy(ce_host.data(), ce, sizeof(float) * ce_host.size());
-  copy(labels_host.data(), labels, sizeof(int32_t) * labels_host.size());
-  for (int64_t t = 0; t < T; ++t) {
-    if (labels_host[static_cast<size_t>(t)] == kIgnoreIndex) continue;
-    r.sum += ce_host[static_cast<size_t>(t)];
-    ++r.count;
-  }
+  Temp<double> total(2);
+  sum_valid_k<<<1, 1, 0, stream()>>>(ce, labels, T, total.get());
+  TITAN_CUDA_LAUNCHED("lm_head_ce (sum)");
+  double host[2];
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(host, total.get(), sizeof host, cudaMemcpyDeviceToHost, stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  r.sum = host[0];
+  r.count = static_cast<int64_t>(host[1]);
   return r;
 }
 
