@@ -392,33 +392,16 @@ class ShardedDir {
   // dst[0 : hi − lo) = elements [lo, hi) of tensor `name` (flattened), whose shape must be `shape`.
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t lo, int64_t hi,
             float* dst) const {
-    auto it = tensors_.find(name);
-    check(it != tensors_.end(), index_path_ + " lacks tensor '" + name + "'");
-    check(it->second.shape == shape, index_path_ + ": tensor '" + name + "' has shape " +
-                                         json(it->second.shape).dump() + ", the model's is " +
-                                         json(shape).dump());
-    const std::vector<Run>& runs = it->second.runs;
-    auto r = std::upper_bound(runs.begin(), runs.end(), lo,
-                              [](int64_t x, const Run& run) { return x < run.end; });
-    for (; r != runs.end() && r->begin < hi; ++r) {
-      const int64_t a = std::max(lo, r->begin), z = std::min(hi, r->end);
-      const TensorView* t = r->file->find(name);
-      check(t != nullptr && t->dtype == DType::F32 && t->shape.size() == 1 &&
-                t->shape[0] >= r->at + (r->end - r->begin),
-            r->file->path() + ": tensor '" + name + "' must be F32 of at least " +
-                std::to_string(r->at + r->end - r->begin) + " elements as " + kShardedIndexName +
-                " says");
-      std::memcpy(dst + (a - lo), t->data + (r->at + a - r->begin) * 4,
-                  static_cast<size_t>(z - a) * sizeof(float));
-    }
+    copy_range(entry(name, shape), name, lo, hi, dst);
   }
 
   // Elements [a, z) of the data held for parameter p (its slice in a tensor/expert-parallel
   // model) of tensor `name` (p's, or a moment's) into dst.
   void read_held(const std::string& name, const models::ParamInfo& p, int64_t a, int64_t z,
                  float* dst) const {
+    const Entry& e = entry(name, p.shape);
     models::for_each_whole_run(p, a, z, [&](int64_t w, int64_t l, int64_t n) {
-      read(name, p.shape, w, w + n, dst + (l - a));
+      copy_range(e, name, w, w + n, dst + (l - a));
     });
   }
 
@@ -433,6 +416,20 @@ class ShardedDir {
   }
 
  private:
+  struct Entry;
+  // Tensor `name` of the index, whose shape must be `shape`.
+  const Entry& entry(const std::string& name, const std::vector<int64_t>& shape) const {
+    auto it = tensors_.find(name);
+    check(it != tensors_.end(), index_path_ + " lacks tensor '" + name + "'");
+    check(it->second.shape == shape, index_path_ + ": tensor '" + name + "' has shape " +
+                                         json(it->second.shape).dump() + ", the model's is " +
+                                         json(shape).dump());
+    return it->second;
+  }
+  // dst[0 : hi − lo) = elements [lo, hi) of e (tensor `name`), from the runs that hold them.
+  void copy_range(const Entry& e, const std::string& name, int64_t lo, int64_t hi,
+                  float* dst) const;
+
   struct Run {  // elements [begin, end) of the tensor, at element `at` of its tensor in file
     const SafetensorsFile* file;
     int64_t begin, end, at;
@@ -445,6 +442,23 @@ class ShardedDir {
   std::map<std::string, Entry> tensors_;
   std::map<std::string, SafetensorsFile> files_;
 };
+
+void ShardedDir::copy_range(const Entry& e, const std::string& name, int64_t lo, int64_t hi,
+                            float* dst) const {
+  auto r = std::upper_bound(e.runs.begin(), e.runs.end(), lo,
+                            [](int64_t x, const Run& run) { return x < run.end; });
+  for (; r != e.runs.end() && r->begin < hi; ++r) {
+    const int64_t a = std::max(lo, r->begin), z = std::min(hi, r->end);
+    const TensorView* t = r->file->find(name);
+    check(t != nullptr && t->dtype == DType::F32 && t->shape.size() == 1 &&
+              t->shape[0] >= r->at + (r->end - r->begin),
+          r->file->path() + ": tensor '" + name + "' must be F32 of at least " +
+              std::to_string(r->at + r->end - r->begin) + " elements as " + kShardedIndexName +
+              " says");
+    std::memcpy(dst + (a - lo), t->data + (r->at + a - r->begin) * 4,
+                static_cast<size_t>(z - a) * sizeof(float));
+  }
+}
 
 }  // namespace
 
