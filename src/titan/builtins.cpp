@@ -7,7 +7,11 @@
 #include "titan/ops/cuda/cuda_ops.h"
 #endif
 #include "titan/ops/elementwise.h"
+#ifdef TITAN_HAVE_CUDA
+#include "titan/optim/cuda/adamw.h"
+#endif
 #include "titan/ops/experts_op.h"
+#include "titan/optim/kernels.h"
 #include "titan/plugin/registry.h"
 
 namespace titan::ops {
@@ -22,6 +26,19 @@ std::vector<Backend> builtin_backends() {
 }
 
 }  // namespace titan::ops
+
+namespace titan::optim {
+
+// The optimizer's kernels per device (optim/kernels.h).
+std::vector<Kernels> builtin_kernels() {
+  std::vector<Kernels> k{{"cpu", &adamw_step, &sum_squares, &clip_by_norm}};
+#ifdef TITAN_HAVE_CUDA
+  k.push_back({"cuda", &cuda::adamw_step, &cuda::sum_squares, &cuda::clip_by_norm});
+#endif
+  return k;
+}
+
+}  // namespace titan::optim
 
 namespace titan::plugin {
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -25,7 +27,7 @@ TEST(Storage, EmptyByDefault) {
   Storage s;
   EXPECT_EQ(s.data(), nullptr);
   EXPECT_EQ(s.nbytes(), 0u);
-  EXPECT_EQ(s.device(), Device::CPU);
+  EXPECT_TRUE(s.memory().host());
   s.zero();
   s.resize(0);
   EXPECT_EQ(s.data(), nullptr);
@@ -83,7 +85,7 @@ TEST(Buffer, TypedView) {
   Buffer<float> f(5);
   EXPECT_EQ(f.size(), 5);
   EXPECT_EQ(f.storage().nbytes(), 5 * sizeof(float));
-  EXPECT_EQ(f.device(), Device::CPU);
+  EXPECT_TRUE(f.memory().host());
   EXPECT_TRUE(aligned64(f.data()));
   EXPECT_TRUE(all_zero(f.data(), 64));
   for (int64_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i + 1);
@@ -127,7 +129,7 @@ TEST(Buffer, MoveSwaps) {
 TEST(Arena, TakesAre64ByteAligned) {
   Arena a;
   a.reserve(100);
-  EXPECT_EQ(a.device(), Device::CPU);
+  EXPECT_TRUE(a.memory().host());
   float* p0 = a.take(1);
   EXPECT_TRUE(aligned64(p0));
   EXPECT_TRUE(all_zero(p0, 100 * sizeof(float)));
@@ -177,6 +179,54 @@ TEST(Arena, TypedTakes) {
   EXPECT_EQ(reinterpret_cast<uint8_t*>(i), reinterpret_cast<uint8_t*>(h) + 192);
   EXPECT_EQ(a.used(), 64);
   EXPECT_THROW(a.take_as<uint8_t>(1), std::bad_alloc);
+}
+
+// A stand-in device: host memory through counting functions, so the tests see which memory a
+// Storage uses and that it gives it back.
+struct FakeDevice {
+  static inline int allocs = 0, frees = 0, memsets = 0;
+  static void* alloc(size_t n) {
+    ++allocs;
+    return std::aligned_alloc(64, n);
+  }
+  static void free(void* p) {
+    ++frees;
+    std::free(p);
+  }
+  static void copy(void* d, const void* s, size_t n) { std::memcpy(d, s, n); }
+  static void memset(void* d, int v, size_t n) {
+    ++memsets;
+    std::memset(d, v, n);
+  }
+  static DeviceMemory memory() { return {&alloc, &free, &copy, &memset}; }
+};
+
+TEST(Storage, DeviceMemoryAllocatesZeroesAndFreesThroughTheDevice) {
+  FakeDevice::allocs = FakeDevice::frees = FakeDevice::memsets = 0;
+  {
+    Buffer<float> b;
+    b.resize(3 << 20, FakeDevice::memory());  // past kMapBytes: still the device's, not mmap
+    EXPECT_FALSE(b.memory().host());
+    EXPECT_EQ(FakeDevice::allocs, 1);
+    EXPECT_EQ(FakeDevice::memsets, 1);  // zero-initialized by the device
+    EXPECT_EQ(b[(3 << 20) - 1], 0.0f);
+    b[5] = 2.0f;
+    b.zero();
+    EXPECT_EQ(FakeDevice::memsets, 2);
+    EXPECT_EQ(b[5], 0.0f);
+    b.resize(16);  // stays on the device
+    EXPECT_EQ(FakeDevice::allocs, 2);
+    EXPECT_EQ(FakeDevice::frees, 1);
+    Buffer<float> moved = std::move(b);
+    EXPECT_FALSE(moved.memory().host());
+    Arena a;
+    a.reserve_bytes(256, FakeDevice::memory());
+    EXPECT_FALSE(a.memory().host());
+    EXPECT_EQ(FakeDevice::allocs, 3);
+  }
+  EXPECT_EQ(FakeDevice::frees, 3);
+  Buffer<float> h(4);
+  EXPECT_TRUE(h.memory().host());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// core/dtype.h and core/device.h: names and sizes, and the fp32 <-> BF16/F16 conversions
+// core/dtype.h: names and sizes, and the fp32 <-> BF16/F16 conversions
 // against hand-checked bit patterns (round to nearest even, NaN, F16 subnormals and overflow).
 #include "titan/core/dtype.h"
 
@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "titan/core/device.h"
 #include "titan/core/error.h"
 
 namespace titan {
@@ -208,15 +207,6 @@ TEST(DType, RoundToBf16) {
     ASSERT_EQ(bits(round_to_bf16(x)), expect) << u;
     ASSERT_EQ(bits(round_to_bf16(x)), bits(from16(DType::BF16, to_bf16(x)))) << u;
   }
-}
-
-TEST(Device, Names) {
-  EXPECT_STREQ(device_name(Device::CPU), "cpu");
-  EXPECT_STREQ(device_name(Device::CUDA), "cuda");
-  EXPECT_EQ(parse_device("cpu"), Device::CPU);
-  EXPECT_EQ(parse_device("cuda"), Device::CUDA);
-  EXPECT_THROW(parse_device("CPU"), Error);
-  EXPECT_THROW(parse_device(""), Error);
 }
 
 }  // namespace

@@ -55,7 +55,8 @@ std::vector<Field> fields(JobConfig& c) {
       {"training.mixed_precision_reduce", &c.training.mixed_precision_reduce,
        "gradient reduction dtype across data-parallel ranks: float32"},
       {"training.dtype", &c.training.dtype, "master weight dtype: float32"},
-      {"training.device", &c.training.device, "where the model computes: cpu (cuda: not yet)"},
+      {"training.device", &c.training.device,
+       "where the model computes: cpu, cuda (one GPU; a plugin may bring another device)"},
       {"optimizer.name", &c.optimizer.name, "AdamW"},
       {"optimizer.lr", &c.optimizer.lr, "learning rate"},
       {"optimizer.beta1", &c.optimizer.beta1, "AdamW beta1"},
@@ -477,8 +478,7 @@ void validate(const JobConfig& c) {
                           "use float32 master weights with training.mixed_precision_param "
                           "bfloat16")
             : "training.dtype '" + t.dtype + "' is not a known dtype; use float32");
-  check(t.device == "cpu" || t.device == "cuda",
-        "training.device '" + t.device + "' is not a known device; use cpu or cuda");
+  check(!t.device.empty(), "training.device is empty; use cpu or cuda");
   check(t.global_batch_size == -1 || t.global_batch_size > 0,
         "training.global_batch_size must be positive (or -1: local_batch_size × data-parallel "
         "degree), got " +

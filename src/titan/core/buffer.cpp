@@ -21,7 +21,10 @@ void zero_and_release(void* p, size_t bytes) {
 }
 
 void Storage::release() {
-  if (mapped_)
+  if (!p_) return;
+  if (!mem_.host())
+    mem_.free(p_);
+  else if (mapped_)
     ::munmap(p_, mapped_);
   else
     std::free(p_);
@@ -33,7 +36,10 @@ void Storage::resize(size_t nbytes) {
   release();
   if (nbytes == 0) return;
   const size_t padded = (nbytes + 63) / 64 * 64;
-  if (padded >= kMapBytes) {
+  if (!mem_.host()) {
+    p_ = mem_.alloc(padded);  // throws std::bad_alloc
+    mem_.memset(p_, 0, padded);
+  } else if (padded >= kMapBytes) {
     void* p = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     ::madvise(p, padded, MADV_HUGEPAGE);  // fewer faults (and TLB misses); best effort

@@ -1,5 +1,6 @@
-// Owned memory for tensors. Storage is the untyped owner: nbytes bytes on a device (CPU only for
-// now), 64-byte aligned, zero-initialized, the allocation padded to a multiple of 64 bytes.
+// Owned memory for tensors. Storage is the untyped owner: nbytes bytes in host memory or, made
+// with a DeviceMemory (core/device.h), in a device's, 64-byte aligned, zero-initialized, the
+// allocation padded to a multiple of 64 bytes.
 // Buffer<T> is a typed float/int buffer over one Storage; Arena is a bump allocator over one.
 // Allocated once at build time; the training step only takes views into buffers that already
 // exist.
@@ -27,17 +28,19 @@ inline void zero_and_release(float* x, int64_t n) {
 class Storage {
  public:
   Storage() = default;
-  explicit Storage(size_t nbytes) { resize(nbytes); }
+  explicit Storage(size_t nbytes, const DeviceMemory& mem = {}) : mem_(mem) { resize(nbytes); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   Storage(Storage&& o) noexcept
       : p_(std::exchange(o.p_, nullptr)),
         nbytes_(std::exchange(o.nbytes_, 0)),
-        mapped_(std::exchange(o.mapped_, 0)) {}
+        mapped_(std::exchange(o.mapped_, 0)),
+        mem_(o.mem_) {}
   Storage& operator=(Storage&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(nbytes_, o.nbytes_);
     std::swap(mapped_, o.mapped_);
+    std::swap(mem_, o.mem_);
     return *this;
   }
   ~Storage() { release(); }
@@ -46,24 +49,37 @@ class Storage {
   // The allocation is padded to a multiple of 64 bytes, the padding zeroed too. From kMapBytes
   // on it is a fresh anonymous mapping, whose zero pages take memory only once written (FSDP's
   // gradients and unit buffers stay unresident until used), with transparent huge pages
-  // requested (MADV_HUGEPAGE: a unit gathered again faults in 2 MiB pages, not 4 KiB ones). Throws std::bad_alloc on failure,
-  // leaving the storage empty.
+  // requested (MADV_HUGEPAGE: a unit gathered again faults in 2 MiB pages, not 4 KiB ones).
+  // Device memory comes from its alloc and is zeroed with its memset. Throws std::bad_alloc on
+  // failure, leaving the storage empty.
   void resize(size_t nbytes);
+  // The same, moving the storage to mem's memory first (dropping the old allocation).
+  void resize(size_t nbytes, const DeviceMemory& mem) {
+    release();
+    mem_ = mem;
+    resize(nbytes);
+  }
   static constexpr size_t kMapBytes = size_t{1} << 20;
   // Zeroes the first nbytes() bytes (not the padding).
   void zero() {
-    if (nbytes_) std::memset(p_, 0, nbytes_);
+    if (!nbytes_) return;
+    if (mem_.host())
+      std::memset(p_, 0, nbytes_);
+    else
+      mem_.memset(p_, 0, nbytes_);
   }
   void* data() { return p_; }
   const void* data() const { return p_; }
   size_t nbytes() const { return nbytes_; }
-  Device device() const { return Device::CPU; }
+  // Where the bytes live: host memory unless made with a device's.
+  const DeviceMemory& memory() const { return mem_; }
 
  private:
   void release();
   void* p_ = nullptr;
   size_t nbytes_ = 0;
-  size_t mapped_ = 0;  // bytes mapped with mmap (0: aligned_alloc)
+  size_t mapped_ = 0;  // bytes mapped with mmap (0: aligned_alloc or a device's alloc)
+  DeviceMemory mem_;   // host memory when its functions are null
 };
 
 // n elements of T in one Storage. T is a trivially copyable element type (float, int32_t, ...).
@@ -81,6 +97,9 @@ class Buffer {
 
   // Reallocates to n zeroed elements (old contents dropped).
   void resize(int64_t n) { s_.resize(static_cast<size_t>(n) * sizeof(T)); }
+  void resize(int64_t n, const DeviceMemory& mem) {
+    s_.resize(static_cast<size_t>(n) * sizeof(T), mem);
+  }
   void zero() { s_.zero(); }
   T* data() { return static_cast<T*>(s_.data()); }
   const T* data() const { return static_cast<const T*>(s_.data()); }
@@ -88,7 +107,7 @@ class Buffer {
   T& operator[](int64_t i) { return data()[i]; }
   const T& operator[](int64_t i) const { return data()[i]; }
   const Storage& storage() const { return s_; }
-  Device device() const { return s_.device(); }
+  const DeviceMemory& memory() const { return s_.memory(); }
 
  private:
   Storage s_;
@@ -100,6 +119,9 @@ class Arena {
  public:
   void reserve(int64_t floats) { buf_.resize(static_cast<size_t>(floats) * sizeof(float)); }
   void reserve_bytes(int64_t bytes) { buf_.resize(static_cast<size_t>(bytes)); }
+  void reserve_bytes(int64_t bytes, const DeviceMemory& mem) {
+    buf_.resize(static_cast<size_t>(bytes), mem);
+  }
   // n elements of T, the size rounded up to a multiple of 64 bytes.
   template <typename T>
   T* take_as(int64_t n) {
@@ -117,7 +139,7 @@ class Arena {
   int64_t used() const { return used_ / static_cast<int64_t>(sizeof(float)); }
   int64_t used_bytes() const { return used_; }
   void reset() { used_ = 0; }
-  Device device() const { return buf_.device(); }
+  const DeviceMemory& memory() const { return buf_.memory(); }
 
  private:
   Storage buf_;

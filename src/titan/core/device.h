@@ -1,21 +1,18 @@
-// Where a tensor's storage lives. Only CPU is allocated today; the names match the op
-// registry's device strings ("cpu").
+// Where a tensor's storage lives: host memory, or the memory of a compute device as its backend
+// provides it (ops/backend.h: alloc, free, copy, memset). Core knows no device; a Storage made
+// with a DeviceMemory allocates through it.
 #pragma once
-#include <string>
-
-#include "titan/core/error.h"
+#include <cstddef>
 
 namespace titan {
 
-enum class Device { CPU, CUDA };
-
-inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
-
-// The inverse of device_name. Throws titan::Error for any other string.
-inline Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::CPU;
-  if (s == "cuda") return Device::CUDA;
-  throw Error("unknown device '" + s + "' (expected cpu or cuda)");
-}
+// A device's memory functions; all null (the default) means host memory.
+struct DeviceMemory {
+  void* (*alloc)(size_t bytes) = nullptr;  // uninitialized, at least 64-byte aligned
+  void (*free)(void* p) = nullptr;
+  void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;  // either side host or device
+  void (*memset)(void* dst, int value, size_t bytes) = nullptr;
+  bool host() const { return alloc == nullptr; }
+};
 
 }  // namespace titan

@@ -204,9 +204,18 @@ class Model {
   // Bytes of the compute copy of the weights kept beside the fp32 masters (bf16 mixed
   // precision); 0 when the model computes on its masters.
   virtual int64_t compute_copy_bytes() const { return 0; }
+  // The fp32 master weights in host memory, and the gradients in the model's memory.
+  //
+  // Off the CPU (device() other than "cpu": BuildOptions::device) the weights live in device
+  // memory and param_data() is a host copy kept in step with them: reading fetches the device's
+  // when they changed, writing sends the host's before the next use; device_param_data() hands
+  // the device's to an optimizer there (the host copy is fetched again when next read), and
+  // grad_data() is device memory.
   virtual float* param_data() = 0;
   virtual const float* param_data() const = 0;
   virtual float* grad_data() = 0;
+  virtual std::string device() const { return "cpu"; }
+  virtual float* device_param_data() { return param_data(); }
   // The units (above), from params()' groups; and the writable parameters of unit u only (what
   // the hooks gather into: a compute copy is remade for that unit alone).
   std::vector<ParamUnit> param_units() const;

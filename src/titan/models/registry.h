@@ -38,6 +38,10 @@ struct BuildOptions {
   // Tensor parallelism: the slice of the layout to build (models/tensor_parallel.h); whole by
   // default.
   TpSlice tp;
+  // Where the model computes (training.device): its backend's device (ops/backend.h); the ops
+  // each layer calls are looked up under it. Off the CPU the model's weights, gradients and
+  // activations live in device memory (models::Model::param_data()).
+  std::string device = "cpu";
 };
 
 struct ModelSpec {

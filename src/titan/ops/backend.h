@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "titan/core/device.h"
 #include "titan/ops/attention.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/gemm.h"
@@ -34,6 +35,11 @@ struct Backend {
   void (*free)(void* p) = nullptr;         // of alloc's pointers (nullptr is a no-op)
   void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;  // either side host or device
   void (*memset)(void* dst, int value, size_t bytes) = nullptr;
+  // The memory functions above as core's DeviceMemory, for Storage/Buffer/Arena (core/buffer.h);
+  // the CPU backend's is host memory (null functions: Storage's own aligned, mmap'd allocation).
+  DeviceMemory memory() const {
+    return device == "cpu" ? DeviceMemory{} : DeviceMemory{alloc, free, copy, memset};
+  }
 
   // ---- kernels: the signature of the op of the same name (no default arguments)
   decltype(&ops::embedding_fwd) embedding_fwd = nullptr;  // elementwise.h

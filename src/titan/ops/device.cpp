@@ -10,6 +10,14 @@ namespace titan::ops {
 bool cuda_built() { return true; }
 bool cuda_usable(std::string* why) { return cuda::device_count(why) > 0; }
 std::string cuda_device() { return cuda::describe_device(); }
+bool device_memory(const std::string& device, int64_t* total, int64_t* used) {
+  if (device != "cuda" || cuda::device_count(nullptr) == 0) return false;
+  cuda::memory_info(total, used);
+  return true;
+}
+double device_gemm_flops(const std::string& device, bool bf16) {
+  return device == "cuda" ? cuda::gemm_probe_flops(bf16) : 0.0;
+}
 #else
 bool cuda_built() { return false; }
 bool cuda_usable(std::string* why) {
@@ -20,6 +28,8 @@ bool cuda_usable(std::string* why) {
   return false;
 }
 std::string cuda_device() { return ""; }
+bool device_memory(const std::string&, int64_t*, int64_t*) { return false; }
+double device_gemm_flops(const std::string&, bool) { return 0.0; }
 #endif
 
 }  // namespace titan::ops

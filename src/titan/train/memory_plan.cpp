@@ -6,6 +6,7 @@
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/models/registry.h"
+#include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
 
 namespace titan::train {
@@ -31,8 +32,12 @@ std::string MemoryPlan::format() const {
     std::snprintf(buf, sizeof buf, "  %-60s %14s\n", l.what.c_str(), gib(l.bytes).c_str());
     out += buf;
   }
-  std::snprintf(buf, sizeof buf, "  %-60s %14s  (machine: %s)\n", "total", gib(total()).c_str(),
-                gib(cpu::total_memory_bytes()).c_str());
+  if (device == "cpu")
+    std::snprintf(buf, sizeof buf, "  %-60s %14s  (machine: %s)\n", "total", gib(total()).c_str(),
+                  gib(cpu::total_memory_bytes()).c_str());
+  else
+    std::snprintf(buf, sizeof buf, "  %-60s %14s  (%s memory: %s)\n", "total", gib(total()).c_str(),
+                  device.c_str(), capacity > 0 ? gib(capacity).c_str() : "unknown here");
   return out + buf;
 }
 
@@ -47,6 +52,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg) {
   o.allocate = false;
   o.log_overrides = false;  // the build that follows logs them
   o.bytes_per_param = 0;    // the plan reports what does not fit
+  o.device = t.device;
   // A layout given by its degrees (titan plan runs in one process): the shard degree as given,
   // -1 (the ranks left over) counting as 1.
   const dist::ParallelDims dims = dist::ParallelDims::for_plan(cfg);
@@ -197,9 +203,23 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
                                               static_cast<double>(std::max<int64_t>(1, whole)))});
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
     // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.
-    if (!ops::bf16_gemm_native())
+    if (!ops::bf16_gemm_native() && t.device == "cpu")
       plan.lines.push_back({"fp32 operand copies of the converting bf16 path (no AVX512-BF16/AMX)",
                             4 * (largest + loss_scratch)});
+  }
+  plan.device = t.device;
+  if (t.device != "cpu") {  // the device's memory: the same tensors but no host process or probe
+    plan.lines.erase(plan.lines.begin());
+    if (t.device == "cuda")
+      plan.lines.push_back(
+          {"CUDA context, kernels, cuBLASLt workspace (estimate)", int64_t{600} << 20});
+    if (t.device == "cuda" && cfg.metrics.peak_flops <= 0)
+      plan.lines.push_back({bf16 ? "GEMM probe at start (8192^2: 2 bf16 + 1 fp32, freed)"
+                                 : "GEMM probe at start (3 x 8192^2 fp32, freed)",
+                            (bf16 ? 8 : 12) * int64_t{8192} * 8192});
+    int64_t total = 0, used = 0;
+    plan.capacity = ops::device_memory(t.device, &total, &used) ? total : 0;
+    return plan;
   }
   if (cfg.metrics.peak_flops <= 0)
     plan.lines.push_back(bf16 ? MemoryPlan::Line{"GEMM probe at start (2048^2: 3 fp32 + 2 bf16, "
@@ -211,10 +231,13 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
 }
 
 void check_fits(const MemoryPlan& plan) {
-  const int64_t have = cpu::total_memory_bytes();
+  const int64_t have = plan.device == "cpu" ? cpu::total_memory_bytes() : plan.capacity;
+  if (have <= 0) return;  // a device whose memory cannot be queried: its allocation will say
+  const std::string where =
+      plan.device == "cpu" ? "this machine has " : "the " + plan.device + " device has ";
   check(plan.total() <= have,
-        "the run needs " + gib(plan.total()) +
-            " (titan plan shows each part) but this machine has " + gib(have) +
+        "the run needs " + gib(plan.total()) + " (titan plan shows each part) but " + where +
+            gib(have) +
             "; lower training.local_batch_size or training.seq_len, or use a smaller model "
             "(model.n_layers, model.dim)");
 }

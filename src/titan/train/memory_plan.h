@@ -21,8 +21,12 @@ struct MemoryPlan {
   };
   std::vector<Line> lines;
   std::string layout = "single process";  // ParallelDims::describe()
+  // training.device: off the CPU the lines are the device's memory, planned against its size
+  // (capacity 0: it cannot be queried here, e.g. no GPU visible; the CPU's is the machine's).
+  std::string device = "cpu";
+  int64_t capacity = 0;
   int64_t total() const;
-  // One line per entry and the total, in GiB, with the machine's memory.
+  // One line per entry and the total, in GiB, with the machine's (or device's) memory.
   std::string format() const;
 };
 
@@ -41,8 +45,8 @@ MemoryPlan plan_memory(const config::JobConfig& cfg);
 MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& plan_model,
                        const dist::ParallelDims& dims = {});
 
-// Throws titan::Error (one line: the plan's total, the machine's memory, what to change) when the
-// plan exceeds the machine's memory.
+// Throws titan::Error (one line: the plan's total, the machine's or device's memory, what to
+// change) when the plan exceeds it.
 void check_fits(const MemoryPlan& plan);
 
 }  // namespace titan::train

@@ -14,8 +14,10 @@
 #include "titan/data/chat_dataset.h"
 #include "titan/data/dataset.h"
 #include "titan/models/registry.h"
+#include "titan/ops/backend.h"
 #include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
+#include "titan/plugin/registry.h"
 #include "titan/train/expert_parallel.h"
 #include "titan/train/memory_plan.h"
 #include "titan/train/weights_check.h"
@@ -90,17 +92,36 @@ config::JobConfig lora_checkpoint_config(config::JobConfig c) {
 Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
   ckpt::check_dump_folder(cfg_);
   config::validate(cfg_);
-  if (cfg_.training.device == "cuda") {
+  const std::string& device = cfg_.training.device;
+  if (device == "cuda") {
     std::string why;
     const bool usable = ops::cuda_usable(&why);
     check(usable, "training.device cuda: " + why);
-    throw Error("training.device cuda: " + ops::cuda_device() +
-                " is visible, but titan's model does not run on a GPU yet: only its CUDA kernels "
-                "are built and checked against the CPU (scripts/gpu-check.sh); use "
-                "--training.device cpu");
+  } else if (device != "cpu") {  // another device: a backend a plugin registered
+    for (const auto& lib : plugin::split_list(cfg_.override_.imports))
+      plugin::Registry::global().load(lib);
+    std::string devices;
+    bool known = false;
+    for (const std::string& b : ops::registered_backends()) {
+      const std::string d = b.substr(0, b.find('/'));
+      known |= d == device;
+      if (devices.find(d) == std::string::npos) devices += (devices.empty() ? "" : ", ") + d;
+    }
+    check(known, "training.device '" + device + "' is not a known device; use cpu or cuda (" +
+                     "devices with kernels here: " + devices + ")");
   }
   models::validate_model_config(cfg_);
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
+  if (device != "cpu") {  // what runs on the CPU only, for now
+    check(dist::world().size() == 1,
+          "training.device " + device +
+              " trains in one process for now: the distributed layer "
+              "has no device communicator (NCCL) yet; launch one process, or use --training.device "
+              "cpu for " +
+              std::to_string(dist::world().size()) + " ranks");
+    check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
+          "LoRA runs on the CPU only for now; use --training.device cpu");
+  }
   mesh_ = dist::make_meshes(dims_, dist::world());
   const auto& t = cfg_.training;
   // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
@@ -117,7 +138,11 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.bytes_per_param = 16 + (t.mixed_precision_param == "bfloat16" ? 2 : 0);
   bo.allocate = false;
   bo.log_overrides = false;
+  bo.device = device;
   const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
+  const ops::Backend& backend = ops::backend(
+      device, dtype_op_name(t.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32));
+  opt_ = &optim::kernels(device);
   const int64_t dp = dims_.batch();  // data-parallel degree: ranks reading different data
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
   check(global % (t.local_batch_size * dp) == 0,
@@ -204,8 +229,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
         *model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward,
         t.mixed_precision_param == "bfloat16", dims_.ep > 1 ? mesh_.efsdp.get() : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
-  m_.resize(shard_len);
-  v_.resize(shard_len);
+  m_.resize(shard_len, backend.memory());
+  v_.resize(shard_len, backend.memory());
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(lora ? lora_checkpoint_config(cfg_) : cfg_);
   std::optional<ckpt::TrainState> loaded;
   // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
@@ -219,8 +244,12 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   const bool initial = !k.initial_load_path.empty() || k.initial_load_in_hf;
   // A tensor/expert-parallel model reads only its slices of the whole tensors of any layout,
   // from a checkpoint or initial weights.
-  loaded = checkpointer_->load(*model_, m_.data(), v_.data(),
-                               fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit);
+  {
+    HostMoments hm(*this);  // off the CPU: read on the host, then sent
+    loaded = checkpointer_->load(*model_, hm.m, hm.v,
+                                 fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit);
+    if (loaded) hm.send();
+  }
   if (rank0()) dist::world().barrier();
   if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
                 // slices), then sharded
@@ -312,6 +341,26 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (cfg_.lr_scheduler.decay_ratio >= 0) sched_.decay_ratio = cfg_.lr_scheduler.decay_ratio;
   sched_.decay_type = cfg_.lr_scheduler.decay_type;
   sched_.min_lr_factor = cfg_.lr_scheduler.min_lr_factor;
+}
+
+Trainer::HostMoments::HostMoments(Trainer& tr, bool fetch)
+    : t(tr), m(tr.m_.data()), v(tr.v_.data()) {
+  const DeviceMemory& mem = t.m_.memory();
+  if (mem.host()) return;
+  hm.resize(t.m_.size());
+  hv.resize(t.v_.size());
+  m = hm.data();
+  v = hv.data();
+  if (!fetch) return;
+  mem.copy(m, t.m_.data(), sizeof(float) * static_cast<size_t>(hm.size()));
+  mem.copy(v, t.v_.data(), sizeof(float) * static_cast<size_t>(hv.size()));
+}
+
+void Trainer::HostMoments::send() {
+  const DeviceMemory& mem = t.m_.memory();
+  if (mem.host()) return;
+  mem.copy(t.m_.data(), m, sizeof(float) * static_cast<size_t>(hm.size()));
+  mem.copy(t.v_.data(), v, sizeof(float) * static_cast<size_t>(hv.size()));
 }
 
 models::Model& Trainer::whole_model() {
@@ -422,11 +471,11 @@ void Trainer::reduce_and_update(StepResult& r) {
   double sq[2] = {0, 0};
   int64_t at = 0;
   for (const auto& rep : replicated_) {
-    sq[0] += optim::sum_squares(shard_grad + at, rep.begin - at);
-    sq[1] += optim::sum_squares(shard_grad + rep.begin, rep.len);
+    sq[0] += opt_->sum_squares(shard_grad + at, rep.begin - at);
+    sq[1] += opt_->sum_squares(shard_grad + rep.begin, rep.len);
     at = rep.begin + rep.len;
   }
-  sq[0] += optim::sum_squares(shard_grad + at, len - at);
+  sq[0] += opt_->sum_squares(shard_grad + at, len - at);
   mesh_.fsdp->all_reduce(sq, 2);
   if (tp_) mesh_.tp->all_reduce(sq, 1);
   r.grad_norm = std::sqrt(sq[0] + sq[1]);
@@ -457,12 +506,12 @@ void Trainer::reduce_and_update(StepResult& r) {
       why = "lower optimizer.lr or check the data";
     throw Error(std::string(msg) + ": " + why);
   }
-  optim::clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
+  opt_->clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
-  float* params = fsdp_ ? fsdp_->master() : model_->param_data();
-  optim::adamw_step(params, shard_grad, m_.data(), v_.data(), len, adamw_, static_cast<float>(r.lr),
-                    step_);
+  float* params = fsdp_ ? fsdp_->master() : model_->device_param_data();
+  opt_->adamw_step(params, shard_grad, m_.data(), v_.data(), len, adamw_, static_cast<float>(r.lr),
+                   step_);
   if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
 }
 
@@ -547,7 +596,8 @@ void Trainer::maybe_checkpoint() {
     return;
   }
   if (dims_.batch() == 1 && !sliced()) {
-    checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+    HostMoments hm(*this, /*fetch=*/true);
+    checkpointer_->maybe_save(st, last, *model_, hm.m, hm.v);
     return;
   }
   if ((dims_.sharded() || sliced()) && !model_only) {
@@ -605,7 +655,16 @@ void Trainer::train() {
   }
   log::info("CPU: " + cpu::describe() + ", " + std::to_string(cpu::num_threads()) + " threads");
   const bool bf16 = t.mixed_precision_param == "bfloat16";
-  if (bf16)
+  const std::string& device = t.device;
+  const bool on_cpu = device == "cpu";
+  if (!on_cpu)
+    log::info(device != "cuda"
+                  ? "Device: " + device + " (a registered backend)"
+                  : "Device: cuda (" + ops::cuda_device() +
+                        "); weights, gradients, activations and AdamW state in GPU memory; " +
+                        (bf16 ? "bf16 GEMM inputs (cuBLASLt), fp32 accumulation and master weights"
+                              : "float32 throughout (cuBLASLt, no TF32)"));
+  else if (bf16)
     log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
                           "weights, gradients and optimizer state; ") +
               (ops::bf16_gemm_native()
@@ -616,10 +675,14 @@ void Trainer::train() {
   else
     log::info("Precision: float32 throughout; oneDNN picks " + ops::gemm_isa(false));
   double peak = cfg_.metrics.peak_flops;
-  if (peak <= 0) {
+  if (peak <= 0 && !on_cpu) peak = ops::device_gemm_flops(device, bf16);
+  if (peak > 0 && cfg_.metrics.peak_flops <= 0) {
+    log::info(std::string("Peak FLOPS measured with an 8192^3 ") + (bf16 ? "bf16" : "fp32") +
+              " cuBLASLt GEMM on the device");
+  } else if (peak <= 0) {
     peak = bf16 ? ops::gemm_probe_flops_bf16() : ops::gemm_probe_flops();
     log::info(std::string("Peak FLOPS measured with a 2048^3 ") + (bf16 ? "bf16" : "fp32") +
-              " oneDNN GEMM");
+              " oneDNN GEMM" + (on_cpu ? "" : " on the CPU (the device's cannot be measured)"));
   }
   char buf[256];
   std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);
@@ -663,10 +726,17 @@ void Trainer::train() {
       m.loss = r.loss;
       m.grad_norm = r.grad_norm;
       m.lr = r.lr;
+      // The host's peak resident memory, or the device's memory in use (allocated once: its
+      // peak after the first step) where titan can read it.
       double peak_rss = static_cast<double>(cpu::peak_rss_bytes());
+      double total_mem = static_cast<double>(cpu::total_memory_bytes());
+      if (int64_t dev_total = 0, dev_used = 0; ops::device_memory(device, &dev_total, &dev_used)) {
+        peak_rss = static_cast<double>(dev_used);
+        total_mem = static_cast<double>(dev_total);
+      }
       mesh_.batch->all_reduce(&peak_rss, 1, dist::ReduceOp::max);  // the largest rank's
       m.memory_gib = peak_rss / (1024.0 * 1024.0 * 1024.0);
-      m.memory_pct = 100.0 * peak_rss / static_cast<double>(cpu::total_memory_bytes());
+      m.memory_pct = 100.0 * peak_rss / total_mem;
       // torchtitan divides by the non-data-parallel degree: the tp ranks share their tokens' work
       m.tps = static_cast<double>(tokens_since_log) / dt / static_cast<double>(dims_.tp);
       m.tflops = flops_per_token * m.tps / 1e12;

@@ -17,6 +17,7 @@
 #include "titan/dist/parallel_dims.h"
 #include "titan/models/model.h"
 #include "titan/optim/adamw.h"
+#include "titan/optim/kernels.h"
 #include "titan/optim/lr_schedule.h"
 #include "titan/train/expert_parallel.h"
 #include "titan/train/fsdp.h"
@@ -95,7 +96,19 @@ class Trainer {
   std::unique_ptr<data::PackedLoader> loader_;
   std::unique_ptr<Validator> validator_;  // when validator.enable
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
-  Buffer<float> m_, v_;                         // AdamW state of this rank's shard (or all)
+  // AdamW state of this rank's shard (or all), in the model's memory (a device's off the CPU),
+  // and the optimizer's kernels there (optim/kernels.h).
+  Buffer<float> m_, v_;
+  const optim::Kernels* opt_ = nullptr;
+  // The AdamW moments as host arrays for the checkpointer: m_ and v_ themselves on the CPU; off
+  // it, host copies (fetched from the device when `fetch`; send() puts them back).
+  struct HostMoments {
+    explicit HostMoments(Trainer& t, bool fetch = false);
+    void send();
+    Trainer& t;
+    Buffer<float> hm, hv;
+    float *m, *v;
+  };
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
   optim::AdamWConfig adamw_;
   optim::LRSchedule sched_;

@@ -85,10 +85,13 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
 Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
                        std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
-                       models::AcPolicy ac, DType compute, bool trainable, models::TpSlice tp)
+                       models::AcPolicy ac, DType compute, bool trainable, models::TpSlice tp,
+                       const std::string& device)
     : a_(args),
       tp_(tp),
-      be_(ops::backend("cpu", dtype_op_name(compute))),
+      be_(ops::backend(device, dtype_op_name(compute))),
+      mem_(be_.memory()),
+      dev_(!mem_.host()),
       bf16_(compute == DType::BF16),
       trainable_(trainable),
       max_tokens_(max_batch * max_seq),
@@ -117,6 +120,9 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   }
   check(!tp_.ep_active() || (a_.is_moe() && E % tp_.ep_size == 0),
         "expert parallelism needs a MoE model whose num_experts the degree divides");
+  check(!dev_ || (!tp_.active() && !tp_.ep_active()),
+        "tensor and expert parallelism run on the CPU only (device " + device +
+            ": titan has no device communicator yet); use --training.device cpu");
   const int64_t P = tp_.size;
   hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
   qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = tp_.ep_active() ? Fm : Fm / P;
@@ -185,7 +191,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
   if (allocate) {
-    rope_.resize(max_seq * d);
+    rope_.resize(max_seq * d, mem_);
     be_.rope_table(max_seq, d, a_.rope_theta, rope_.data());
   }
   const int64_t n_moe = static_cast<int64_t>(load_.size());
@@ -206,13 +212,23 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   std::vector<void**> slots;
   declare_tensors(&slots);
   if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
-  params_buf_.resize(num_params_);
-  if (trainable_) grads_buf_.resize(num_params_);
-  if (bf16_) wb_.resize(num_params_ - wb_base_);
+  params_buf_.resize(num_params_, mem_);
+  if (trainable_) grads_buf_.resize(num_params_, mem_);
+  if (bf16_) wb_.resize(num_params_ - wb_base_, mem_);
+  if (dev_) {
+    host_params_.resize(num_params_);
+    batch_dev_.resize(3 * max_tokens_, mem_);
+    if (n_moe > 0) {
+      expert_bias_dev_.resize(n_moe * E, mem_);
+      counts_dev_.resize(n_moe * E, mem_);
+      stats_dev_.resize(2 * E, mem_);
+      aux_dp_dev_.resize(E, mem_);
+    }
+  }
   int64_t bytes[2] = {0, 0};  // saved, work
   for (const auto& t : sizes_) bytes[t.saved ? 0 : 1] += t.aligned_bytes();
-  acts_.reserve_bytes(bytes[0]);
-  work_.reserve_bytes(bytes[1]);
+  acts_.reserve_bytes(bytes[0], mem_);
+  work_.reserve_bytes(bytes[1], mem_);
   for (size_t i = 0; i < sizes_.size(); ++i) {
     Arena& arena = sizes_[i].saved ? acts_ : work_;
     const int64_t n = sizes_[i].numel();
@@ -241,7 +257,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       if (!a_.moe_layer(l)) s.g = r.g;
     }
   }
-  seg_.resize(max_tokens_);
+  seg_.resize(max_tokens_, mem_);
   if (tp_.active()) tp_gnorm_.assign(static_cast<size_t>(2 * D + 2 * d), 0.0f);
 }
 
@@ -379,12 +395,11 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std, int64_t unit) {
-  restore_masters();
-  mark_stale();
+  float* P = param_data();  // the host's (sent to a device before its next use)
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
     if (p.alias || (unit >= 0 && p.group != unit)) continue;
-    float* w = params_buf_.data() + p.offset;
+    float* w = P + p.offset;
     if (p.shape.size() == 1) {
       std::fill_n(w, p.numel, 1.0f);  // RMSNorm weights
     } else if (p.split_dim >= 0) {    // a tensor-parallel slice: the whole tensor's values
@@ -429,7 +444,65 @@ ops::LossSum Qwen3Model::forward_backward(const Batch& b, float grad_scale, floa
 
 ops::LossSum Qwen3Model::forward_loss(const Batch& b) { return run(b, 0.0f, 0.0f, false); }
 
-void Qwen3Model::forward_logits(const Batch& b, float* out) { run(b, 0.0f, 0.0f, false, out); }
+void Qwen3Model::forward_logits(const Batch& b, float* out) {
+  if (!dev_) {
+    run(b, 0.0f, 0.0f, false, out);
+    return;
+  }
+  Buffer<float> logits;  // on the device, then copied to the host's out
+  logits.resize(b.B * b.S * a_.vocab_size, mem_);
+  run(b, 0.0f, 0.0f, false, logits.data());
+  be_.copy(out, logits.data(), sizeof(float) * static_cast<size_t>(logits.size()));
+}
+
+const float* Qwen3Model::host_params() const {
+  if (!dev_) return params_buf_.data();
+  if (host_stale_) {
+    mem_.copy(host_params_.data(), params_buf_.data(), sizeof(float) * num_params_);
+    host_stale_ = false;
+  }
+  return host_params_.data();
+}
+
+void Qwen3Model::sync_device() {
+  if (!device_stale_) return;
+  mem_.copy(params_buf_.data(), host_params_.data(), sizeof(float) * num_params_);
+  device_stale_ = false;
+}
+
+float* Qwen3Model::device_param_data() {
+  if (!dev_) return param_data();
+  sync_device();
+  mark_stale();        // the compute copy is remade after the update
+  host_stale_ = true;  // fetched again when next read
+  return params_buf_.data();
+}
+
+models::Batch Qwen3Model::device_batch(const Batch& b) {
+  if (!dev_) return b;
+  const int64_t T = b.B * b.S;
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(T);
+  Batch d = b;
+  int32_t* at = batch_dev_.data();
+  for (const int32_t** p : {&d.input, &d.labels, &d.positions}) {
+    if (*p) {
+      be_.copy(at, *p, bytes);
+      *p = at;
+    }
+    at += max_tokens_;
+  }
+  return d;
+}
+
+void Qwen3Model::fetch_counts() {
+  const int64_t E = a_.num_experts;
+  std::vector<double> c(static_cast<size_t>(counts_dev_.size()));
+  be_.copy(c.data(), counts_dev_.data(), sizeof(double) * c.size());
+  counts_dev_.zero();
+  for (size_t m = 0; m < load_.size(); ++m)
+    for (int64_t e = 0; e < E; ++e)
+      load_[m][static_cast<size_t>(e)] += c[m * static_cast<size_t>(E) + static_cast<size_t>(e)];
+}
 
 // The block's forward: saved_[l] gets what its backward reads; out = its output.
 void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count,
@@ -655,8 +728,10 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   }
 }
 
-ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight, bool backward,
+ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight, bool backward,
                              float* logits_out) {
+  sync_device();
+  const Batch b = device_batch(hb);
   check(b.B <= max_batch_ && b.S <= max_seq_ && b.B * b.S <= max_tokens_,
         "microbatch of " + std::to_string(b.B) + "x" + std::to_string(b.S) +
             " exceeds the model's allocated " + std::to_string(max_batch_) + "x" +
@@ -687,7 +762,11 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
   if (aux) {
     std::fill(aux_hits_.begin(), aux_hits_.end(), 0.0);
     std::fill(aux_psum_.begin(), aux_psum_.end(), 0.0);
+    stats_dev_.zero();
   }
+  if (dev_ && a_.load_balance_coeff > 0 && !load_.empty())
+    be_.copy(expert_bias_dev_.data(), expert_bias_.data(),
+             sizeof(float) * static_cast<size_t>(expert_bias_.size()));
   if (hooks_) hooks_->begin_pass(backward && !logits_out);
   acquire(0, false);
   embedding_forward(b.input, T, saved_[0].x);
@@ -699,6 +778,7 @@ ops::LossSum Qwen3Model::run(const Batch& b, float grad_scale, float aux_weight,
     if (aux && layers_[l].moe >= 0) aux_accumulate(l, moe_rows(T).n);
   }
   if (aux) aux_finish(T, backward, aux_weight);
+  if (dev_ && backward && !load_.empty()) fetch_counts();
   acquire(head, false);
   if (a_.tie_embeddings) acquire(0, false);
   auto release_head = [&](bool bwd) {
@@ -791,6 +871,7 @@ class Qwen3KvCache final : public models::KvCache {
 
 std::unique_ptr<models::KvCache> Qwen3Model::new_kv_cache(int64_t n_seq, int64_t max_len) {
   check(!tp_.active(), "generation runs on a whole model, not a tensor-parallel slice");
+  check(!dev_, "generation runs on the CPU only (this model computes on " + be_.device + ")");
   check(n_seq >= 1 && max_len >= 1, "a key/value cache needs at least one sequence and token");
   check(max_len <= max_seq_, "a key/value cache of " + std::to_string(max_len) +
                                  " tokens per sequence exceeds the model's positions (built for " +
@@ -802,6 +883,7 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
                                    int64_t n, float* logits) {
   auto* c = dynamic_cast<Qwen3KvCache*>(&kc);
   check(c, "forward_cached: the cache was not made by this model");
+  check(!dev_, "generation runs on the CPU only (this model computes on " + be_.device + ")");
   check(n >= 1 && n <= max_tokens_, "forward_cached: " + std::to_string(n) +
                                         " new tokens; at most " + std::to_string(max_tokens_) +
                                         " per call");
@@ -898,7 +980,7 @@ int64_t Qwen3Model::master_bytes() const {
 }
 
 void Qwen3Model::release_masters() {
-  if (!bf16_ || trainable_ || masters_released_) return;
+  if (!bf16_ || trainable_ || masters_released_ || dev_) return;
   const auto ranges = copy_only_ranges();
   for (size_t u = 0; u < units_.size(); ++u) {  // unit by unit: fp32 and copy never both whole
     acquire(static_cast<int64_t>(u), false);
@@ -981,9 +1063,11 @@ void Qwen3Model::moe_forward(int64_t l, const Rows& m, float* y, bool count) {
   Saved& s = saved_[l];
   const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k, T = m.n;
   be_.linear_fwd(s.xn2 + m.begin * D, params_buf_.data() + w.gate, dlogits_, T, D, E);  // logits
-  const float* bias = a_.load_balance_coeff > 0 ? expert_bias_.data() + w.moe * E : nullptr;
+  const float* bias = a_.load_balance_coeff > 0
+                          ? (dev_ ? expert_bias_dev_ : expert_bias_).data() + w.moe * E
+                          : nullptr;
   be_.router_fwd(dlogits_, bias, T, E, K, a_.norm_topk_prob, s.probs, s.idx, s.rw);
-  if (count) be_.count_experts(s.idx, T, K, E, load_[static_cast<size_t>(w.moe)].data());
+  if (count) be_.count_experts(s.idx, T, K, E, counts(w.moe));
   const ops::GroupedExpertsOp& op = experts_ops_[l];
   const ops::ExpertsArgs ea = experts_args(l, m);
   guarded("Experts", op.name, true, l, [&] { op.forward(ea, y); });
@@ -1012,8 +1096,8 @@ void Qwen3Model::moe_backward(int64_t l, const Rows& m, const float* dy, float* 
   // this rank's rows and is summed over the group.
   const bool local = moe_local();
   if (tp_.active() && !local) tp_hooks_->all_reduce(dw_route_, T * K);
-  be_.router_bwd(s.probs, s.idx, s.rw, dw_route_, a_.router_aux_loss ? aux_dp_.data() : nullptr, T,
-                 E, K, a_.norm_topk_prob, dlogits_);
+  const float* dp = !a_.router_aux_loss ? nullptr : dev_ ? aux_dp_dev_.data() : aux_dp_.data();
+  be_.router_bwd(s.probs, s.idx, s.rw, dw_route_, dp, T, E, K, a_.norm_topk_prob, dlogits_);
   float* dgate = grad_at(w.gate);
   if (local && dgate) {
     tp_ggate_.assign(static_cast<size_t>(E * D), 0.0f);
@@ -1039,11 +1123,18 @@ void Qwen3Model::aux_accumulate(int64_t l, int64_t T) {
     be_.topk_rows(s.probs, T, E, K, aux_idx_);
     idx = aux_idx_;
   }
-  be_.router_aux_stats(s.probs, idx, T, E, K, aux_hits_.data(), aux_psum_.data());
+  if (dev_)
+    be_.router_aux_stats(s.probs, idx, T, E, K, stats_dev_.data(), stats_dev_.data() + E);
+  else
+    be_.router_aux_stats(s.probs, idx, T, E, K, aux_hits_.data(), aux_psum_.data());
 }
 
 void Qwen3Model::aux_finish(int64_t T, bool backward, float aux_weight) {
   const int64_t E = a_.num_experts;
+  if (dev_) {
+    be_.copy(aux_hits_.data(), stats_dev_.data(), sizeof(double) * static_cast<size_t>(E));
+    be_.copy(aux_psum_.data(), stats_dev_.data() + E, sizeof(double) * static_cast<size_t>(E));
+  }
   if (moe_local()) {  // each rank's statistics are of its rows: summed over the group
     tp_hooks_->all_reduce_f64(aux_hits_.data(), E);
     tp_hooks_->all_reduce_f64(aux_psum_.data(), E);
@@ -1059,15 +1150,16 @@ void Qwen3Model::aux_finish(int64_t T, bool backward, float aux_weight) {
   for (int64_t e = 0; e < E; ++e)
     aux_dp_[static_cast<size_t>(e)] =
         static_cast<float>(g * static_cast<double>(E) * hits[static_cast<size_t>(e)] / (N * N));
+  if (dev_) be_.copy(aux_dp_dev_.data(), aux_dp_.data(), sizeof(float) * static_cast<size_t>(E));
 }
 
 void Qwen3Model::finish_step() {
   const int64_t E = a_.num_experts;
   for (size_t m = 0; m < load_.size(); ++m) {
     std::vector<double>& c = load_[m];
-    if (a_.load_balance_coeff > 0)
-      be_.expert_bias_update(c.data(), E, a_.load_balance_coeff,
-                             expert_bias_.data() + static_cast<int64_t>(m) * E);
+    if (a_.load_balance_coeff > 0)  // the counts and biases are the host's (sent each pass)
+      (dev_ ? &ops::expert_bias_update : be_.expert_bias_update)(
+          c.data(), E, a_.load_balance_coeff, expert_bias_.data() + static_cast<int64_t>(m) * E);
     std::fill(c.begin(), c.end(), 0.0);
   }
 }

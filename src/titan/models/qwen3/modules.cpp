@@ -56,7 +56,7 @@ std::shared_ptr<config::ModuleNode> build_module_tree(const Qwen3Args& a, int64_
 }
 
 std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a, int64_t seq_len,
-                                   const plugin::Registry& reg) {
+                                   const plugin::Registry& reg, const std::string& device) {
   std::vector<ops::RopeOp> plan;
   std::set<std::string> checked;
   for (int64_t i = 0; i < a.n_layers; ++i) {
@@ -66,7 +66,7 @@ std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a,
     auto op = n->fields.find("op");
     check(op != n->fields.end() && !op->second.empty(),
           "model." + path + " (" + n->type + ") names no op");
-    plan.push_back(reg.op<ops::RopeOp>(op->second));
+    plan.push_back(reg.op<ops::RopeOp>(op->second, device));
     if (plan.back().check && checked.insert(op->second).second) plan.back().check(seq_len);
   }
   return plan;
@@ -74,7 +74,8 @@ std::vector<ops::RopeOp> rope_plan(config::ModuleNode& root, const Qwen3Args& a,
 
 std::vector<ops::GroupedExpertsOp> experts_plan(config::ModuleNode& root, const Qwen3Args& a,
                                                 int64_t tokens, DType compute, bool log,
-                                                const plugin::Registry& reg) {
+                                                const plugin::Registry& reg,
+                                                const std::string& device) {
   std::vector<ops::GroupedExpertsOp> plan;
   if (!a.is_moe()) return plan;
   std::set<std::string> checked;
@@ -89,13 +90,13 @@ std::vector<ops::GroupedExpertsOp> experts_plan(config::ModuleNode& root, const 
     check(op != n->fields.end() && !op->second.empty(),
           "model." + path + " (" + n->type + ") names no op");
     std::string dtype = dtype_op_name(compute);
-    if (!reg.ops().has(ops::GroupedExpertsOp::kKind, op->second, "cpu", dtype)) {
+    if (!reg.ops().has(ops::GroupedExpertsOp::kKind, op->second, device, dtype)) {
       if (log && checked.count(op->second) == 0)
-        log::warn("experts op '" + op->second + "' has no cpu/" + dtype +
-                  " kernel; its cpu/float32 kernel runs on the fp32 master weights");
+        log::warn("experts op '" + op->second + "' has no " + device + "/" + dtype +
+                  " kernel; its " + device + "/float32 kernel runs on the fp32 master weights");
       dtype = "float32";
     }
-    plan.back() = reg.op<ops::GroupedExpertsOp>(op->second, "cpu", dtype);
+    plan.back() = reg.op<ops::GroupedExpertsOp>(op->second, device, dtype);
     if (plan.back().check && checked.insert(op->second).second) plan.back().check(shape);
   }
   return plan;

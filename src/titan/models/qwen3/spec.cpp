@@ -161,10 +161,14 @@ models::ModelSpec model_spec() {
   s.build = [](const config::JobConfig& c, config::ModuleNode& tree,
                const models::BuildOptions& o) -> std::unique_ptr<models::Model> {
     const Qwen3Args a = args_from_config(c);
-    if (o.bytes_per_param > 0)  // 0: titan plan, which reports rather than refuses
-      check_fits_in_memory(a, o.bytes_per_param, cpu::total_memory_bytes(), model_source(c));
+    if (o.bytes_per_param > 0)  // 0: titan plan, which reports rather than refuses; off the CPU
+                                // the host keeps a copy of the weights (the device is planned
+                                // by the trainer)
+      check_fits_in_memory(a, o.device == "cpu" ? o.bytes_per_param : 4, cpu::total_memory_bytes(),
+                           model_source(c));
     const DType compute = c.training.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32;
-    auto experts = experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides);
+    auto experts = experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides,
+                                plugin::Registry::global(), o.device);
     if (o.wrap_experts)
       for (auto& op : experts)
         if (op.forward) {
@@ -172,9 +176,10 @@ models::ModelSpec model_spec() {
           if (op.check)
             op.check({o.batch * o.seq_len, a.dim, a.moe_hidden_dim, a.num_experts, a.top_k});
         }
-    return std::make_unique<Qwen3Model>(a, o.batch, o.seq_len, o.loss_chunks,
-                                        rope_plan(tree, a, o.seq_len), std::move(experts),
-                                        o.allocate, o.ac, compute, o.trainable, o.tp);
+    return std::make_unique<Qwen3Model>(
+        a, o.batch, o.seq_len, o.loss_chunks,
+        rope_plan(tree, a, o.seq_len, plugin::Registry::global(), o.device), std::move(experts),
+        o.allocate, o.ac, compute, o.trainable, o.tp, o.device);
   };
   return s;
 }

@@ -39,8 +39,15 @@ Backend backend(bool bf16);
 int device_count(std::string* why);
 // "NVIDIA H200, sm_90, 139.8 GiB" for device 0.
 std::string describe_device();
-void* alloc(size_t bytes);  // cudaMalloc: 256-byte aligned, uninitialized
-void free(void* p);
+// cudaMalloc: 256-byte aligned, uninitialized; out of memory is a titan::Error saying how much
+// was asked and is free.
+void* alloc(size_t bytes);
+void free(void* p);  // never throws
+// Device 0's memory: total and in use (cudaMemGetInfo), bytes.
+void memory_info(int64_t* total, int64_t* used);
+// cuBLASLt's GEMM rate at n³ (bf16 inputs with fp32 accumulation, or fp32), FLOP/s: best of 5
+// timed rounds of 5 after a warm-up (ops/cuda/gemm.cu).
+double gemm_probe_flops(bool bf16, int64_t n = 8192);
 void copy(void* dst, const void* src, size_t bytes);  // either side host or device; waits
 void memset(void* dst, int value, size_t bytes);
 void synchronize();  // waits for every kernel launched; throws titan::Error on a device fault

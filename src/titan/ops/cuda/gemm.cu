@@ -8,6 +8,7 @@
 // 32 MiB workspace.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -146,6 +147,46 @@ void linear_bwd_bf16(const float* dy, const float* x, const uint16_t* w, float* 
     to_bf16(x, M * in, x16);
     gemm_bf16(true, false, out, in, M, dy16, out, x16, in, dw, in, true);
   }
+}
+
+}  // namespace titan::ops::cuda
+
+namespace titan::ops::cuda {
+
+double gemm_probe_flops(bool bf16, int64_t n) {
+  const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+  const size_t in_bytes = nn * (bf16 ? 2 : 4);
+  Temp<uint8_t> a(static_cast<int64_t>(in_bytes)), b(static_cast<int64_t>(in_bytes));
+  Temp<float> c(static_cast<int64_t>(nn));
+  TITAN_CUDA_CHECK(cudaMemsetAsync(a.get(), 0, in_bytes, stream()));
+  TITAN_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, in_bytes, stream()));
+  auto run = [&] {
+    if (bf16)
+      gemm_bf16(false, false, n, n, n, reinterpret_cast<const uint16_t*>(a.get()), n,
+                reinterpret_cast<const uint16_t*>(b.get()), n, c.get(), n, false);
+    else
+      gemm(false, false, n, n, n, reinterpret_cast<const float*>(a.get()), n,
+           reinterpret_cast<const float*>(b.get()), n, c.get(), n, false);
+  };
+  run();
+  synchronize();
+  cudaEvent_t t0, t1;
+  TITAN_CUDA_CHECK(cudaEventCreate(&t0));
+  TITAN_CUDA_CHECK(cudaEventCreate(&t1));
+  float best_ms = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    TITAN_CUDA_CHECK(cudaEventRecord(t0, stream()));
+    for (int i = 0; i < 5; ++i) run();
+    TITAN_CUDA_CHECK(cudaEventRecord(t1, stream()));
+    TITAN_CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    TITAN_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    best_ms = std::min(best_ms, ms / 5);
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+         (static_cast<double>(best_ms) * 1e-3);
 }
 
 }  // namespace titan::ops::cuda

@@ -31,12 +31,34 @@ std::string describe_device() {
 void* alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;
-  TITAN_CUDA_CHECK(cudaMalloc(&p, bytes));
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    char msg[320];
+    std::snprintf(msg, sizeof msg,
+                  "out of GPU memory: %.2f GiB asked, %.2f GiB free of %.2f GiB (titan plan "
+                  "--training.device cuda shows what a run needs; lower training.local_batch_size "
+                  "or training.seq_len, or set activation_checkpoint.mode full)",
+                  static_cast<double>(bytes) / (1ull << 30),
+                  static_cast<double>(free_b) / (1ull << 30),
+                  static_cast<double>(total) / (1ull << 30));
+    throw Error(msg);
+  }
+  TITAN_CUDA_CHECK(e);
   return p;
 }
 
 void free(void* p) {
-  if (p) TITAN_CUDA_CHECK(cudaFree(p));
+  if (p) cudaFree(p);  // from destructors: never throws (a fault shows at the next check)
+}
+
+void memory_info(int64_t* total, int64_t* used) {
+  size_t free_b = 0, total_b = 0;
+  TITAN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  *total = static_cast<int64_t>(total_b);
+  *used = static_cast<int64_t>(total_b - free_b);
 }
 
 void copy(void* dst, const void* src, size_t bytes) {

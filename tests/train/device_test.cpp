@@ -1,0 +1,243 @@
+// Training on a device other than the CPU (models::Model::device(), BuildOptions::device,
+// training.device), checked on a stand-in device: "hostdev", whose backend is the CPU kernels
+// over memory of its own (host memory through its alloc/copy/memset). What a device run adds to
+// a CPU run is data movement: the weights' host copy fetched and sent, the batch copied, the MoE
+// statistics fetched, the expert biases sent, AdamW's moments staged for checkpoints. With the
+// same kernels in the same order a device run must give the CPU run's bits exactly; a missing
+// copy shows as a different loss. (That device pointers are never dereferenced on the host is
+// what a real GPU checks: scripts/gpu-check.sh.)
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "titan/core/error.h"
+#include "titan/models/registry.h"
+#include "titan/ops/backend.h"
+#include "titan/ops/experts_op.h"
+#include "titan/ops/rope_op.h"
+#include "titan/optim/kernels.h"
+#include "titan/plugin/registry.h"
+#include "titan/train/trainer.h"
+
+namespace titan::train {
+namespace {
+
+int g_allocs = 0;
+void* dev_alloc(size_t n) {
+  ++g_allocs;
+  void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void dev_free(void* p) { std::free(p); }
+void dev_copy(void* d, const void* s, size_t n) {
+  if (n) std::memcpy(d, s, n);
+}
+void dev_memset(void* d, int v, size_t n) {
+  if (n) std::memset(d, v, n);
+}
+
+// Registers hostdev's backends, ops and optimizer kernels once.
+void register_hostdev() {
+  static const bool done = [] {
+    for (ops::Backend b : {ops::cpu_backend(), ops::cpu_bf16_backend()}) {
+      b.device = "hostdev";
+      b.alloc = &dev_alloc;
+      b.free = &dev_free;
+      b.copy = &dev_copy;
+      b.memset = &dev_memset;
+      ops::register_backend(b);
+    }
+    plugin::Registry& reg = plugin::Registry::global();
+    for (ops::RopeOp op : {ops::cos_sin_rope_op()}) {
+      op.device = "hostdev";
+      reg.add_op(op);
+    }
+    for (ops::GroupedExpertsOp op : {ops::grouped_experts_op(), ops::grouped_experts_bf16_op()}) {
+      op.device = "hostdev";
+      reg.add_op(op);
+    }
+    optim::Kernels k = optim::kernels("cpu");
+    k.device = "hostdev";
+    optim::register_kernels(k);
+    return true;
+  }();
+  (void)done;
+}
+
+config::JobConfig job(const std::string& device, bool moe, bool bf16) {
+  config::JobConfig c = titan::testing::tiny_model_job();
+  if (moe) {
+    c.model.flavor = "debugmodel_moe";
+    c.model.num_experts = 4;
+    c.model.top_k = 2;
+    c.model.moe_hidden_dim = 32;
+    c.model.load_balance_coeff = 1e-3;  // the expert biases: sent to the device every pass
+    c.model.router_aux_loss = true;     // the aux loss's sums: fetched from it
+  }
+  c.training.device = device;
+  c.training.local_batch_size = 2;
+  c.training.global_batch_size = 4;  // two microbatches: gradients accumulate on the device
+  c.training.seq_len = 32;
+  c.training.steps = 4;
+  c.training.mixed_precision_param = bf16 ? "bfloat16" : "float32";
+  c.lr_scheduler.warmup_steps = 1;
+  c.optimizer.lr = 3e-3;
+  c.debug.seed = 11;
+  c.metrics.peak_flops = 1e12;  // no GEMM probe
+  return c;
+}
+
+struct Trained {
+  std::vector<double> loss, norm, aux;
+  std::vector<StepMetrics::ExpertLoad> load;
+  std::vector<float> params;
+};
+
+Trained train_steps(const config::JobConfig& c, int steps) {
+  Trainer t(c, titan::testing::fox_docs());
+  Trained r;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult s = t.step();
+    r.loss.push_back(s.loss);
+    r.norm.push_back(s.grad_norm);
+    r.aux.push_back(s.aux_loss);
+    r.load.insert(r.load.end(), s.expert_load.begin(), s.expert_load.end());
+  }
+  const models::Model& m = t.model();
+  r.params.assign(m.param_data(), m.param_data() + m.num_params());
+  return r;
+}
+
+void expect_same(const Trained& a, const Trained& b, const std::string& what) {
+  ASSERT_EQ(a.loss.size(), b.loss.size());
+  for (size_t i = 0; i < a.loss.size(); ++i) {
+    EXPECT_EQ(a.loss[i], b.loss[i]) << what << " step " << i + 1;
+    EXPECT_EQ(a.norm[i], b.norm[i]) << what << " step " << i + 1;
+    if (!std::isnan(a.aux[i])) {
+      EXPECT_EQ(a.aux[i], b.aux[i]) << what << " step " << i + 1;
+    }
+  }
+  ASSERT_EQ(a.load.size(), b.load.size());
+  for (size_t i = 0; i < a.load.size(); ++i) {
+    EXPECT_EQ(a.load[i].min, b.load[i].min) << what;
+    EXPECT_EQ(a.load[i].max, b.load[i].max) << what;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), 4 * a.params.size()), 0) << what;
+}
+
+TEST(DeviceTraining, DenseAndMoeFp32AndBf16GiveTheCpuRunsBits) {
+  register_hostdev();
+  for (const bool moe : {false, true})
+    for (const bool bf16 : {false, true}) {
+      const std::string what = std::string(moe ? "moe" : "dense") + (bf16 ? " bf16" : " fp32");
+      const int before = g_allocs;
+      const Trained cpu = train_steps(job("cpu", moe, bf16), 3);
+      EXPECT_EQ(g_allocs, before) << what << ": a CPU run allocated device memory";
+      const Trained dev = train_steps(job("hostdev", moe, bf16), 3);
+      EXPECT_GT(g_allocs, before) << what << ": the device run used no device memory";
+      EXPECT_LT(cpu.loss[2], cpu.loss[0]) << what;
+      if (moe) {
+        EXPECT_FALSE(std::isnan(cpu.aux[0])) << what;
+      }
+      expect_same(cpu, dev, what);
+    }
+}
+
+// A checkpoint saved by a device run (weights fetched, AdamW's moments staged through the host)
+// resumes on the device, and on the CPU, to the uninterrupted run's bits.
+TEST(DeviceTraining, CheckpointsResumeOnTheDeviceAndOnTheCpu) {
+  register_hostdev();
+  const std::string dir = titan::testing::fresh_temp_dir("device_ckpt");
+  config::JobConfig c = job("hostdev", true, false);
+  const Trained whole = train_steps(c, 4);
+  c.dump_folder = dir;
+  c.checkpoint.enable = true;
+  c.checkpoint.interval = 2;
+  c.checkpoint.last_save_model_only = false;  // step 2 is the run's last: keep the full state
+  c.training.steps = 2;
+  {
+    Trainer t(c, titan::testing::fox_docs());
+    t.train();
+  }
+  for (const std::string device : {"hostdev", "cpu"}) {
+    config::JobConfig r = c;
+    r.training.device = device;
+    r.training.steps = 4;
+    Trainer t(r, titan::testing::fox_docs());
+    ASSERT_EQ(t.current_step(), 2) << device;
+    for (int i = 2; i < 4; ++i) {
+      const StepResult s = t.step();
+      EXPECT_EQ(s.loss, whole.loss[static_cast<size_t>(i)]) << device << " step " << i + 1;
+      EXPECT_EQ(s.grad_norm, whole.norm[static_cast<size_t>(i)]) << device << " step " << i + 1;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The host copy of the weights: written on the host, used by the next pass; changed by the
+// optimizer on the device, fetched when read. And the logits come back to the host.
+TEST(DeviceModel, HostCopyOfTheWeightsFollowsBothSides) {
+  register_hostdev();
+  config::JobConfig c = job("hostdev", false, false);
+  models::BuildOptions o;
+  o.batch = 1;
+  o.seq_len = 8;
+  o.seed = 3;
+  auto cpu = models::build_model(c, o);
+  o.device = "hostdev";
+  auto dev = models::build_model(c, o);
+  EXPECT_EQ(dev->device(), "hostdev");
+  EXPECT_EQ(cpu->device(), "cpu");
+  const std::vector<int32_t> ids = {1, 5, 9, 200, 3, 7, 11, 13}, pos = {0, 1, 2, 3, 4, 5, 6, 7};
+  const models::Batch b{1, 8, ids.data(), nullptr, pos.data()};
+  const int64_t V = cpu->vocab_size();
+  auto logits = [&](models::Model& m) {
+    std::vector<float> out(static_cast<size_t>(8 * V));
+    m.forward_logits(b, out.data());
+    return out;
+  };
+  EXPECT_EQ(logits(*cpu), logits(*dev));
+  const int64_t at = cpu->param("norm.weight").offset;
+  cpu->param_data()[at] = 3.0f;  // written on the host: sent before the next pass
+  dev->param_data()[at] = 3.0f;
+  EXPECT_EQ(logits(*cpu), logits(*dev));
+  dev->device_param_data()[at] = 5.0f;  // written on the device: fetched when read
+  EXPECT_EQ(static_cast<const models::Model&>(*dev).param_data()[at], 5.0f);
+  cpu->param_data()[at] = 5.0f;
+  EXPECT_EQ(logits(*cpu), logits(*dev));
+}
+
+TEST(DeviceTraining, WhatRunsOnTheCpuOnlyIsRefusedInOneLine) {
+  register_hostdev();
+  config::JobConfig c = job("hostdev", false, false);
+  models::BuildOptions o;
+  o.seq_len = 8;
+  o.device = "hostdev";
+  auto m = models::build_model(c, o);
+  EXPECT_NE(titan::testing::error_of([&] {
+              m->new_kv_cache(1, 8);
+            }).find("generation runs on the CPU only"),
+            std::string::npos);
+  config::JobConfig l = c;
+  l.lora.rank = 4;
+  EXPECT_NE(titan::testing::error_of([&] {
+              Trainer t(l, titan::testing::fox_docs());
+            }).find("LoRA runs on the CPU only for now; use --training.device cpu"),
+            std::string::npos);
+  config::JobConfig u = c;
+  u.training.device = "tpu";
+  EXPECT_NE(titan::testing::error_of([&] { Trainer t(u, titan::testing::fox_docs()); })
+                .find("training.device 'tpu' is not a known device; use cpu or cuda (devices "
+                      "with kernels here: cpu"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace titan::train
