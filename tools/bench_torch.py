@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference training-step speed of PyTorch + Hugging Face Transformers on this CPU.
+"""Reference training-step speed of PyTorch + Hugging Face Transformers on this CPU (or GPU).
 
 Builds transformers' real Qwen3ForCausalLM from a Qwen3Config (random init, fp32,
 CPU, SDPA attention, no KV cache) and times full training steps:
@@ -14,13 +14,18 @@ With --dtype bfloat16 the forward and loss run under torch.autocast("cpu", dtype
 (PyTorch's bf16 mixed precision over fp32 weights, what torchtitan uses on one device) and the
 roofline is a bf16 matmul.
 
+With --device cuda the model, batches and optimizer live on the GPU; autocast is CUDA's; the
+roofline is an 8192^3 matmul there; --compile wraps the model in torch.compile (the first
+warm-up steps include its compilation). scripts/gpu-train-check.sh runs it on the lent GPU.
+
 Run inside the venv made by tools/setup_venv.sh:
     .venv/bin/python tools/bench_torch.py --preset debugmodel --batch 4 --seq 256
     .venv/bin/python tools/bench_torch.py --preset debugmodel --batch 4 --seq 256 --dtype bfloat16
 
 stdout: exactly one JSON line with keys preset, batch, seq, threads,
 torch_version, transformers_version, dtype, step_s, tokens_per_s, tflops, gemm_flops,
-flops_per_token, lora, peak_rss_gib (the process's peak resident set). Human-readable progress (incl. the first step's loss, which
+flops_per_token, lora, device, compile, peak_rss_gib (the process's peak resident set), and with
+cuda peak_gpu_gib (torch.cuda.max_memory_allocated). Human-readable progress (incl. the first step's loss, which
 should be close to ln(vocab)) goes to stderr.
 """
 import argparse
@@ -52,6 +57,13 @@ PRESETS = {
         num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False,
         rope_theta=1e6, rms_norm_eps=1e-6,
     ),
+    # Qwen3-1.7B (torchtitan's "1.7B" flavor: 28 layers, dim 2048, tied).
+    "1.7B": dict(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=6144, tie_word_embeddings=True,
+        rope_theta=1e6, rms_norm_eps=1e-6,
+    ),
     # Qwen3-0.6B widths with only 2 layers.
     "0.6b-2layer": dict(
         vocab_size=151936, hidden_size=1024, num_hidden_layers=2,
@@ -66,7 +78,7 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def build_model(preset):
+def build_model(preset, device="cpu"):
     p = dict(PRESETS[preset])
     rope_theta = p.pop("rope_theta")
     moe = "num_experts" in p
@@ -78,7 +90,7 @@ def build_model(preset):
         attention_dropout=0.0,
         attn_implementation="sdpa",
     )
-    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(cfg).to(dtype=torch.float32, device="cpu")
+    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(cfg).to(dtype=torch.float32, device=device)
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     assert model.config.rope_parameters["rope_theta"] == rope_theta, model.config.rope_parameters
     tied = model.lm_head.weight is model.model.embed_tokens.weight
@@ -103,16 +115,23 @@ def flops_per_token(model, cfg, seq):
     return 6 * n + attn, n
 
 
-def gemm_roofline(n=2048, trials=3, dtype=torch.float32):
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def gemm_roofline(n=2048, trials=3, dtype=torch.float32, device="cpu"):
     """torch.matmul of n x n matrices in dtype: best of `trials` after warm-up, FLOP/s."""
-    a = torch.randn(n, n, dtype=torch.float32).to(dtype)
-    b = torch.randn(n, n, dtype=torch.float32).to(dtype)
+    a = torch.randn(n, n, dtype=torch.float32, device=device).to(dtype)
+    b = torch.randn(n, n, dtype=torch.float32, device=device).to(dtype)
     for _ in range(2):
         torch.matmul(a, b)
     best = float("inf")
     for _ in range(trials):
+        sync(device)
         t0 = time.perf_counter()
         torch.matmul(a, b)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best
 
@@ -129,6 +148,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="bfloat16: forward and loss under torch.autocast (bf16 mixed precision)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--lora", type=int, default=0, metavar="R",
                     help="train PEFT LoRA adapters of rank R on the frozen model (0: full training)")
     args = ap.parse_args()
@@ -140,7 +161,10 @@ def main():
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
 
-    model, cfg = build_model(args.preset)
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+    model, cfg = build_model(args.preset, dev)
     fpt, nparams = flops_per_token(model, cfg, args.seq)
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {threads}, "
         f"preset {args.preset}: {nparams / 1e6:.2f}M params (counted), "
@@ -154,14 +178,15 @@ def main():
         log(f"peft {peft.__version__}: LoRA r={args.lora}, "
             f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f}M trainable")
     trainable = [p for p in model.parameters() if p.requires_grad]
+    run_model = torch.compile(model) if args.compile else model
     opt = torch.optim.AdamW(trainable, lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
 
     def step():
-        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            out = model(input_ids=ids, labels=ids)
+        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen).to(dev)
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
+            out = run_model(input_ids=ids, labels=ids)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
@@ -186,8 +211,9 @@ def main():
     step_s = statistics.median(times)
     tokens_per_s = args.batch * args.seq / step_s
     tflops = fpt * tokens_per_s / 1e12
-    gemm = gemm_roofline(dtype=torch.bfloat16 if amp else torch.float32)
-    log(f"{'bf16' if amp else 'fp32'} GEMM 2048^3 roofline: {gemm / 1e9:.1f} GFLOP/s; "
+    n = 8192 if dev == "cuda" else 2048
+    gemm = gemm_roofline(n=n, dtype=torch.bfloat16 if amp else torch.float32, device=dev)
+    log(f"{'bf16' if amp else 'fp32'} GEMM {n}^3 roofline: {gemm / 1e9:.1f} GFLOP/s; "
         f"training achieves {100 * tflops * 1e12 / gemm:.1f}% of it")
 
     print(json.dumps({
@@ -204,7 +230,10 @@ def main():
         "gemm_flops": round(gemm, 1),
         "flops_per_token": fpt,
         "lora": args.lora,
+        "device": dev,
+        "compile": args.compile,
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 4),
+        **({"peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 4)} if dev == "cuda" else {}),
     }), flush=True)
 
 

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Part 2 of scripts/gpu-check.sh: titan's training step on the GPU, from .gpu-bundle.tar.xz
+# (scripts/gpu-bundle.sh), run through the bundled loader so that none of titan's dependencies
+# need installing. Appends to OUT_DIR/gpu-check-summary.txt; each run's log and metrics.jsonl go
+# to OUT_DIR/train-NAME.log and OUT_DIR/train-NAME.jsonl.
+#
+# Checks (exit 1 when one fails; tolerances stated, and why):
+#   fp32   debugmodel, 20 steps, GPU against CPU: every step's loss within 1e-4 relative. Both
+#          are fp32 throughout; they differ only in the order of GEMM and attention sums
+#          (~1e-6 relative per op), which 20 small AdamW steps do not amplify past 1e-4.
+#   bf16   the same in bf16 mixed precision, 50 steps: within 2e-2 relative. bf16 rounds every
+#          GEMM input to 8 bits of mantissa, so one fp32 ulp of difference before a rounding
+#          becomes 2^-8 after it; the curves must agree to the noise of bf16 training.
+#   moe, a3b   falling loss (the mean of the last 3 logged losses below the first's).
+# Reported: tokens/s, MFU, memory; Qwen3-1.7B bf16 seq 4096 MFU against 989.4 TFLOP/s and the
+# GEMM probe; PyTorch's tokens/s on the same model (skipped when torch or transformers is
+# missing; TITAN_TORCH_PYTHON names another interpreter).
+# TITAN_GPU_CHECK_DRY=1 runs every GPU run on the CPU, shrunk (2 layers, dim 256, 4 steps,
+# seq 128; PyTorch on debugmodel), to check this script's mechanics on a machine without a GPU.
+# usage: scripts/gpu-train-check.sh OUT_DIR WORK_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$1
+work=$2
+summary="$out/gpu-check-summary.txt"
+say() { echo "$*" | tee -a "$summary"; }
+if [ ! -f .gpu-bundle.tar.xz ]; then
+  say "training: skipped (no .gpu-bundle.tar.xz: run scripts/gpu-bundle.sh on the CI machine and carry it)"
+  exit 0
+fi
+b="$work/bundle"
+mkdir -p "$b"
+tar -C "$b" -xJf .gpu-bundle.tar.xz || { say "training: FAILED to unpack .gpu-bundle.tar.xz"; exit 1; }
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+cuda_root=$(dirname "$(dirname "$nvcc")")
+libpath="$b/lib"
+for d in "$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/lib" \
+         /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
+  [ -d "$d" ] && libpath="$libpath:$d"
+done
+titan() { "$b/lib/ld.so" --library-path "$libpath" "$b/titan" "$@"; }
+say "training: titan $(cat "$b/commit") from the bundle"
+byte="--dataloader.dataset_path $b/data/wikitext-test-byte.bin"
+qwen="--dataloader.dataset_path $b/data/wikitext-test-qwen3.bin"
+failed=0
+gpu=cuda
+dry=()
+dry_moe=""
+if [ "${TITAN_GPU_CHECK_DRY:-0}" = 1 ]; then
+  gpu=cpu
+  dry=(--model.n_layers 2 --model.dim 256 --model.hidden_dim 512 --training.steps 4
+       --training.seq_len 128 --metrics.log_freq 1)
+  dry_moe="--model.moe_hidden_dim 128"
+  say "  (dry run: every GPU run on the CPU, shrunk: ${dry[*]} $dry_moe)"
+fi
+# run NAME SECONDS ARGS...: one `titan train`, its log and metrics kept; 0 when it finished.
+run() {
+  local name=$1 secs=$2
+  shift 2
+  local dir="$work/runs/$name"
+  rm -rf "$dir"
+  timeout "$secs" "$b/lib/ld.so" --library-path "$libpath" "$b/titan" train --dump_folder "$dir" \
+    --metrics.enable_jsonl true --checkpoint.enable false "$@" "${dry[@]}" >"$out/train-$name.log" 2>&1
+  local rc=$?
+  [ -f "$dir/metrics.jsonl" ] && cp "$dir/metrics.jsonl" "$out/train-$name.jsonl"
+  if [ $rc != 0 ]; then
+    say "  $name: FAILED (exit $rc; last lines of train-$name.log:)"
+    tail -3 "$out/train-$name.log" | sed 's/^/    /' | tee -a "$summary"
+  fi
+  return $rc
+}
+# stats NAME: the last logged step's loss, tokens/s, MFU and memory.
+stats() {
+  python3 - "$out/train-$1.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tps"' in l]
+r = rows[-1]
+print(f"step {r['step']}: loss {r['loss']:.4f}, {r['tps']:,.0f} tokens/s, "
+      f"{r['tflops']:.1f} TFLOP/s, MFU {r['mfu']:.2f}%, memory {r['memory_gib']:.2f} GiB")
+EOF
+}
+# compare NAME BOUND: GPU run NAME-cuda against NAME-cpu, step by step.
+compare() {
+  python3 - "$out/train-$1-cuda.jsonl" "$out/train-$1-cpu.jsonl" "$2" <<'EOF'
+import json, sys
+def curve(f):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f)) if "tps" in r}
+g, c, bound = curve(sys.argv[1]), curve(sys.argv[2]), float(sys.argv[3])
+steps = sorted(set(g) & set(c))
+worst = max(steps, key=lambda s: abs(g[s] - c[s]) / abs(c[s]))
+rel = abs(g[worst] - c[worst]) / abs(c[worst])
+print(f"{len(steps)} steps, max |loss_gpu - loss_cpu| / loss_cpu = {rel:.2e} at step {worst} "
+      f"(bound {bound:g}); first {c[steps[0]]:.4f} -> last {c[steps[-1]]:.4f} (cpu), "
+      f"{g[steps[-1]]:.4f} (gpu): {'ok' if rel <= bound else 'FAILED'}")
+sys.exit(0 if rel <= bound else 1)
+EOF
+}
+falling() {
+  python3 - "$out/train-$1.jsonl" <<'EOF'
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if '"tps"' in x]
+ok = len(l) >= 4 and sum(l[-3:]) / 3 < l[0]
+print(f"loss {l[0]:.4f} -> {l[-1]:.4f} over {len(l)} logged steps: {'falling' if ok else 'NOT falling'}")
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# GPU against CPU on debugmodel (the CPU run uses every core of this machine).
+cmp_args="--config qwen3_debugmodel $byte --training.seq_len 256 --training.local_batch_size 8 --debug.seed 1 --metrics.log_freq 1 --metrics.peak_flops 1e15"
+for prec in fp32 bf16; do
+  if [ $prec = fp32 ]; then p="--training.mixed_precision_param float32 --training.steps 20"; bound=1e-4
+  else p="--training.mixed_precision_param bfloat16 --training.steps 50"; bound=2e-2; fi
+  if run "$prec-cuda" 120 $cmp_args $p --training.device $gpu && run "$prec-cpu" 240 $cmp_args $p --training.device cpu; then
+    line=$(compare "$prec" "$bound") || failed=1
+    say "  debugmodel $prec, GPU vs CPU: $line"
+  else
+    failed=1
+  fi
+done
+# MoE: debugmodel_moe, and the seed's reduced 30B-A3B (4 layers, 64 experts, top-4, Qwen3's
+# vocabulary) in bf16.
+if run moe 120 --config qwen3_debugmodel_moe $byte --training.seq_len 1024 --training.local_batch_size 8 --training.steps 30 --metrics.log_freq 5 --training.device $gpu $dry_moe; then
+  f=$(falling moe) || failed=1
+  say "  debugmodel_moe bf16 ($gpu): $f; $(stats moe)"
+else
+  failed=1
+fi
+if run a3b 240 --config nki_qwen3_30b_a3b $qwen --training.seq_len 2048 --training.local_batch_size 2 --training.steps 12 --metrics.log_freq 2 --training.device $gpu $dry_moe; then
+  f=$(falling a3b) || failed=1
+  say "  30B-A3B reduced (4 layers, 64 experts, top-4) bf16 ($gpu): $f; $(stats a3b) (MFU of the active parameters)"
+else
+  failed=1
+fi
+# Qwen3-1.7B bf16 at seq 4096: MFU against the H200's dense bf16 peak and the GEMM probe.
+if run 1.7b 240 --config qwen3_1_7b $qwen --training.seq_len 4096 --training.local_batch_size 1 --training.steps 6 --metrics.log_freq 1 --training.device $gpu; then
+  say "  Qwen3-1.7B bf16 seq 4096 ($gpu): $(stats 1.7b) (MFU against the GEMM probe's rate)"
+  python3 - "$out/train-1.7b.jsonl" <<'EOF' | tee -a "$summary"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '"tps"' in l][-1]
+print(f"    against the H200's 989.4 TFLOP/s dense bf16 peak: MFU {100 * r['tflops'] / 989.4:.2f}% (target 50%)")
+EOF
+else
+  failed=1
+fi
+# PyTorch + Transformers on the same model and GPU (bf16 autocast, SDPA), eager and compiled;
+# titan's tokens/s on Qwen3-1.7B (above) as a ratio of theirs.
+torch_py=${TITAN_TORCH_PYTHON:-python3}
+torch_args=(--device cuda --preset 1.7B --seq 4096 --batch 1 --dtype bfloat16 --steps 4 --warmup 2)
+[ "$gpu" = cpu ] && torch_args=(--device cpu --preset debugmodel --seq 128 --batch 2 --dtype bfloat16 --steps 2 --warmup 1)
+if "$torch_py" -c "import torch, transformers; assert torch.cuda.is_available() or '$gpu' == 'cpu'" 2>/dev/null; then
+  for mode in eager compile; do
+    extra=()
+    [ $mode = compile ] && extra=(--compile)
+    if timeout 300 "$torch_py" tools/bench_torch.py "${torch_args[@]}" "${extra[@]}" \
+         >"$out/torch-$mode.json" 2>"$out/torch-$mode.log"; then
+      line=$(python3 - "$out/torch-$mode.json" "$out/train-1.7b.jsonl" <<'EOF'
+import json, sys
+t = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+msg = (f"{t['tokens_per_s']:,.0f} tokens/s, {t['tflops']:.1f} TFLOP/s, GEMM roofline "
+       f"{t['gemm_flops'] / 1e12:.1f} TFLOP/s (torch {t['torch_version']})")
+try:
+    titan = [json.loads(l) for l in open(sys.argv[2]) if '"tps"' in l][-1]["tps"]
+    msg += f"; titan / torch = {titan / t['tokens_per_s']:.2f}x (target: 1.3x over eager)"
+except (OSError, IndexError):
+    pass
+print(msg)
+EOF
+)
+      say "  PyTorch $mode (${torch_args[*]}): $line"
+    else
+      say "  PyTorch $mode: FAILED (torch-$mode.log: $(tail -1 "$out/torch-$mode.log"))"
+    fi
+  done
+else
+  say "  PyTorch: skipped ($torch_py has no torch with CUDA, or no transformers)"
+fi
+[ $failed = 0 ] && say "training: every check passed" || say "training: FAILED (see above)"
+exit $failed
