@@ -35,6 +35,6 @@ strip --strip-unneeded "$stage/titan" "$stage"/lib/*.so* 2>/dev/null || true
   --output "$stage/data/wikitext-test-byte.bin" >/dev/null
 "$build/titan" tokenize --tokenizer "$assets/tokenizers/qwen3" \
   --input "$assets/datasets/wikitext-2/test.jsonl" --output "$stage/data/wikitext-test-qwen3.bin" >/dev/null
-git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+git describe --always --dirty > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
 tar -C "$stage" -cJf .gpu-bundle.tar.xz .
 echo "gpu-bundle: .gpu-bundle.tar.xz ($(du -h .gpu-bundle.tar.xz | cut -f1)): titan $(cat "$stage/commit"), $(ls "$stage/lib" | wc -l) libraries, 2 token shards"

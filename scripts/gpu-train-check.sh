@@ -12,6 +12,7 @@
 #          GEMM input to 8 bits of mantissa, so one fp32 ulp of difference before a rounding
 #          becomes 2^-8 after it; the curves must agree to the noise of bf16 training.
 #   moe, a3b   falling loss (the mean of the last 3 logged losses below the first's).
+#   check-kernel --training.device cuda on debugmodel_moe: its tolerances (check_kernel.h).
 # Reported: tokens/s, MFU, memory; Qwen3-1.7B bf16 seq 4096 MFU against 989.4 TFLOP/s and the
 # GEMM probe; PyTorch's tokens/s on the same model (skipped when torch or transformers is
 # missing; TITAN_TORCH_PYTHON names another interpreter).
@@ -38,7 +39,7 @@ for d in "$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/li
          /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
   [ -d "$d" ] && libpath="$libpath:$d"
 done
-titan() { "$b/lib/ld.so" --library-path "$libpath" "$b/titan" "$@"; }
+
 say "training: titan $(cat "$b/commit") from the bundle"
 byte="--dataloader.dataset_path $b/data/wikitext-test-byte.bin"
 qwen="--dataloader.dataset_path $b/data/wikitext-test-qwen3.bin"
@@ -140,6 +141,15 @@ r = [json.loads(l) for l in open(sys.argv[1]) if '"tps"' in l][-1]
 print(f"    against the H200's 989.4 TFLOP/s dense bf16 peak: MFU {100 * r['tflops'] / 989.4:.2f}% (target 50%)")
 EOF
 else
+  failed=1
+fi
+# check-kernel on the device: the CUDA RoPE and grouped-experts ops against the CPU's.
+if timeout 180 "$b/lib/ld.so" --library-path "$libpath" "$b/titan" check-kernel --config qwen3_debugmodel_moe \
+     --training.device $gpu --training.seq_len 256 --training.local_batch_size 2 ${dry_moe} \
+     >"$out/check-kernel.log" 2>&1; then
+  say "  check-kernel --training.device $gpu (debugmodel_moe: RoPE, grouped experts fp32/bf16 vs the CPU): all within tolerance"
+else
+  say "  check-kernel --training.device $gpu: FAILED ($(grep -c 'check-kernel' "$out/check-kernel.log") lines in check-kernel.log; last: $(tail -1 "$out/check-kernel.log"))"
   failed=1
 fi
 # PyTorch + Transformers on the same model and GPU (bf16 autocast, SDPA), eager and compiled;

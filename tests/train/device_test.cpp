@@ -22,6 +22,7 @@
 #include "titan/ops/rope_op.h"
 #include "titan/optim/kernels.h"
 #include "titan/plugin/registry.h"
+#include "titan/train/check_kernel.h"
 #include "titan/train/trainer.h"
 
 namespace titan::train {
@@ -42,7 +43,8 @@ void dev_memset(void* d, int v, size_t n) {
   if (n) std::memset(d, v, n);
 }
 
-// Registers hostdev's backends, ops and optimizer kernels once.
+// Registers hostdev's backends and optimizer kernels (once per process) and its RoPE and
+// grouped-experts ops (again after a test reset the op table).
 void register_hostdev() {
   static const bool done = [] {
     for (ops::Backend b : {ops::cpu_backend(), ops::cpu_bf16_backend()}) {
@@ -53,21 +55,22 @@ void register_hostdev() {
       b.memset = &dev_memset;
       ops::register_backend(b);
     }
-    plugin::Registry& reg = plugin::Registry::global();
-    for (ops::RopeOp op : {ops::cos_sin_rope_op()}) {
-      op.device = "hostdev";
-      reg.add_op(op);
-    }
-    for (ops::GroupedExpertsOp op : {ops::grouped_experts_op(), ops::grouped_experts_bf16_op()}) {
-      op.device = "hostdev";
-      reg.add_op(op);
-    }
     optim::Kernels k = optim::kernels("cpu");
     k.device = "hostdev";
     optim::register_kernels(k);
     return true;
   }();
   (void)done;
+  plugin::Registry& reg = plugin::Registry::global();
+  if (reg.ops().has(ops::RopeOp::kKind, "cos_sin_rope", "hostdev", "float32")) return;
+  for (ops::RopeOp op : {ops::cos_sin_rope_op()}) {
+    op.device = "hostdev";
+    reg.add_op(op);
+  }
+  for (ops::GroupedExpertsOp op : {ops::grouped_experts_op(), ops::grouped_experts_bf16_op()}) {
+    op.device = "hostdev";
+    reg.add_op(op);
+  }
 }
 
 config::JobConfig job(const std::string& device, bool moe, bool bf16) {
@@ -237,6 +240,20 @@ TEST(DeviceTraining, WhatRunsOnTheCpuOnlyIsRefusedInOneLine) {
                 .find("training.device 'tpu' is not a known device; use cpu or cuda (devices "
                       "with kernels here: cpu"),
             std::string::npos);
+}
+
+// check-kernel --training.device: the device's ops (here its built-in RoPE and experts) against
+// the CPU's, their arrays copied there and back; a plugin op without a kernel for the device is
+// one error naming the op and the device.
+TEST(DeviceCheckKernel, ComparesTheDevicesOpsWithTheCpuOnes) {
+  register_hostdev();
+  config::JobConfig c = job("hostdev", true, false);
+  c.model.load_balance_coeff = 0;
+  c.model.router_aux_loss = false;
+  EXPECT_TRUE(check_kernels(c));
+  c.override_.imports = std::string(TITAN_PLUGIN_DIR) + "/libtitan_token_experts.so";
+  const std::string e = titan::testing::error_of([&] { check_kernels(c); });
+  EXPECT_NE(e.find("'token_experts' is registered for hostdev/float32"), std::string::npos) << e;
 }
 
 }  // namespace

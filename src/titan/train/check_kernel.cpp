@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "titan/core/buffer.h"
 #include "titan/core/cpu.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
@@ -14,6 +15,8 @@
 #include "titan/models/qwen3/modules.h"
 #include "titan/models/qwen3/spec.h"
 #include "titan/models/registry.h"
+#include "titan/ops/backend.h"
+#include "titan/ops/device.h"
 #include "titan/ops/elementwise.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/router.h"
@@ -21,6 +24,39 @@
 
 namespace titan::train {
 namespace {
+
+// Host arrays copied into the memory of the device whose kernel runs (host memory for the CPU)
+// and back: a device's kernel reads and writes its own memory.
+class Staging {
+ public:
+  explicit Staging(const std::string& device)
+      : mem_(device == "cpu" ? DeviceMemory{} : ops::backend(device, "float32").memory()) {}
+  template <typename T>
+  T* put(const std::vector<T>& v) {
+    T* p = zeros<T>(v.size());
+    copy(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
+  template <typename T>
+  T* zeros(size_t n) {
+    keep_.emplace_back(std::max<size_t>(n, 1) * sizeof(T), mem_);
+    return static_cast<T*>(keep_.back().data());
+  }
+  template <typename T>
+  void get(std::vector<T>& v, const T* p) {
+    copy(v.data(), p, v.size() * sizeof(T));
+  }
+
+ private:
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (mem_.host())
+      std::memcpy(dst, src, bytes);
+    else
+      mem_.copy(dst, src, bytes);
+  }
+  DeviceMemory mem_;
+  std::vector<Storage> keep_;
+};
 
 struct Shape {
   int64_t B, S, H, d, ld;
@@ -106,38 +142,44 @@ bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp
     Out o{std::vector<float>(T * D),     std::vector<float>(T * D),
           std::vector<float>(T * K),     std::vector<float>(E * F * D),
           std::vector<float>(E * F * D), std::vector<float>(E * D * F)};
-    std::vector<float> saved(static_cast<size_t>(op.saved_floats(s))),
-        scratch(static_cast<size_t>(op.scratch_floats(s)));
+    Staging dev(op.device);  // the op's inputs and outputs in its device's memory
     ops::ExpertsArgs a;
     a.s = s;
-    a.x = x.data();
-    a.idx = idx.data();
-    a.w = w.data();
-    a.w1 = w1.data();
-    a.w3 = w3.data();
-    a.w2 = w2.data();
-    a.saved = saved.data();
-    a.scratch = scratch.data();
+    a.x = dev.put(x);
+    a.idx = dev.put(idx);
+    a.w = dev.put(w);
+    a.w1 = dev.put(w1);
+    a.w3 = dev.put(w3);
+    a.w2 = dev.put(w2);
+    a.saved = dev.zeros<float>(static_cast<size_t>(op.saved_floats(s)));
+    a.scratch = dev.zeros<float>(static_cast<size_t>(op.scratch_floats(s)));
     if (op.dtype == "bfloat16") {
-      a.w1_bf16 = w1b.data();
-      a.w3_bf16 = w3b.data();
-      a.w2_bf16 = w2b.data();
+      a.w1_bf16 = dev.put(w1b);
+      a.w3_bf16 = dev.put(w3b);
+      a.w2_bf16 = dev.put(w2b);
     }
-    op.forward(a, o.y.data());
-    op.backward(a, {dy.data(), o.dx.data(), o.dw.data(), o.dw1.data(), o.dw3.data(), o.dw2.data()});
+    float* y = dev.zeros<float>(o.y.size());
+    std::vector<float>* outs[] = {&o.dx, &o.dw, &o.dw1, &o.dw3, &o.dw2};
+    float* g[5];
+    for (int i = 0; i < 5; ++i) g[i] = dev.zeros<float>(outs[i]->size());
+    op.forward(a, y);
+    op.backward(a, {dev.put(dy), g[0], g[1], g[2], g[3], g[4]});
+    dev.get(o.y, y);
+    for (int i = 0; i < 5; ++i) dev.get(*outs[i], g[i]);
     return o;
   };
   const Out a = run(alt), b = run(ref);
   const double tol = alt.dtype == "bfloat16" ? kBf16ExpertsTolerance : experts_tolerance(s);
+  const std::string where = alt.device == "cpu" ? "" : " on " + alt.device;
   const double e[6] = {scaled_diff(a.y, b.y),     scaled_diff(a.dx, b.dx),
                        scaled_diff(a.dw, b.dw),   scaled_diff(a.dw1, b.dw1),
                        scaled_diff(a.dw3, b.dw3), scaled_diff(a.dw2, b.dw2)};
   char line[400];
   std::snprintf(
       line, sizeof line,
-      "check-kernel %s vs %s [%s T=%lld D=%lld F=%lld E=%lld K=%lld, %s]: max |Δ|/max|ref| "
+      "check-kernel %s%s vs %s [%s T=%lld D=%lld F=%lld E=%lld K=%lld, %s]: max |Δ|/max|ref| "
       "y %.3g | dx %.3g dw %.3g dw1 %.3g dw3 %.3g dw2 %.3g (tolerance %.2g)",
-      alt.name.c_str(), ref.name.c_str(), what, static_cast<long long>(s.T),
+      alt.name.c_str(), where.c_str(), ref.name.c_str(), what, static_cast<long long>(s.T),
       static_cast<long long>(s.D), static_cast<long long>(s.F), static_cast<long long>(s.E),
       static_cast<long long>(s.K),
       alt.dtype == "bfloat16" ? "bf16 kernel" : (bf16 ? "fp32 kernel, bf16 inputs" : "fp32"), e[0],
@@ -156,10 +198,18 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   models::validate_model_config(cfg);
   const qwen3::Qwen3Args a = qwen3::args_from_config(cfg);
   const int64_t S = cfg.training.seq_len;
+  // --training.device: the kernels of that device (its built-in ones too) against the CPU's.
+  const std::string& device = cfg.training.device;
+  if (device == "cuda") {
+    std::string why;
+    const bool usable = ops::cuda_usable(&why);
+    check(usable, "check-kernel --training.device cuda: " + why);
+  }
+  const plugin::Registry& reg = plugin::Registry::global();
   const auto original =
       qwen3::rope_plan(*models::model_spec(cfg.model.name).module_tree(cfg, S), a, S);
   auto tree = models::overridden_module_tree(cfg, S);
-  const auto replaced = qwen3::rope_plan(*tree, a, S);
+  const auto replaced = qwen3::rope_plan(*tree, a, S, reg, device);
 
   std::vector<float> table(static_cast<size_t>(S * a.head_dim));
   ops::rope_table(S, a.head_dim, a.rope_theta, table.data());
@@ -169,10 +219,11 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   for (size_t l = 0; l < replaced.size(); ++l) {
     const ops::RopeOp& ref = original[l];
     const ops::RopeOp& alt = replaced[l];
-    if (alt.name == ref.name ||
+    if ((alt.name == ref.name && alt.device == ref.device) ||
         std::find(seen.begin(), seen.end(), ref.name + "->" + alt.name) != seen.end())
       continue;
     seen.push_back(ref.name + "->" + alt.name);
+    const std::string where = alt.device == "cpu" ? "" : " on " + alt.device;
     const int64_t B = cfg.training.local_batch_size, d = a.head_dim;
     // The model's shapes (q and k heads, with the fused-QKV token stride) and edge shapes.
     const int64_t smallest = std::min<int64_t>(S, 128);
@@ -193,20 +244,23 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
         std::vector<int32_t> pos(static_cast<size_t>(sh.B * sh.S));
         for (int64_t t = 0; t < sh.B * sh.S; ++t) pos[t] = static_cast<int32_t>((t % sh.S) % S);
         auto run = [&](const ops::RopeOp& op, std::vector<float> in, bool fwd) {
-          (fwd ? op.forward : op.backward)(in.data(), sh.B, sh.S, sh.H, sh.d, sh.ld, pos.data(),
-                                           table.data());
+          Staging dev(op.device);
+          float* x_dev = dev.put(in);
+          (fwd ? op.forward : op.backward)(x_dev, sh.B, sh.S, sh.H, sh.d, sh.ld, dev.put(pos),
+                                           dev.put(table));
+          dev.get(in, x_dev);
           return in;
         };
         const Diff fd = compare(run(alt, x, true), run(ref, x, true));
         const Diff bd = compare(run(alt, dy, false), run(ref, dy, false));
         char line[256];
         std::snprintf(line, sizeof line,
-                      "check-kernel %s vs %s [%s B=%lld S=%lld H=%lld d=%lld, %s]: forward max abs "
-                      "%.3g rel %.3g | backward max abs %.3g rel %.3g",
-                      alt.name.c_str(), ref.name.c_str(), sh.what, static_cast<long long>(sh.B),
-                      static_cast<long long>(sh.S), static_cast<long long>(sh.H),
-                      static_cast<long long>(sh.d), bf16 ? "bf16 inputs" : "fp32", fd.abs, fd.rel,
-                      bd.abs, bd.rel);
+                      "check-kernel %s%s vs %s [%s B=%lld S=%lld H=%lld d=%lld, %s]: forward max "
+                      "abs %.3g rel %.3g | backward max abs %.3g rel %.3g",
+                      alt.name.c_str(), where.c_str(), ref.name.c_str(), sh.what,
+                      static_cast<long long>(sh.B), static_cast<long long>(sh.S),
+                      static_cast<long long>(sh.H), static_cast<long long>(sh.d),
+                      bf16 ? "bf16 inputs" : "fp32", fd.abs, fd.rel, bd.abs, bd.rel);
         log::info(line);
         ok &= fd.abs <= tolerance && bd.abs <= tolerance;
         ++checked;
@@ -237,7 +291,8 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
           static_cast<long long>(a.dim), static_cast<double>(mem) / (1024.0 * 1024.0 * 1024.0));
       throw Error(buf);
     }
-    const auto experts = qwen3::experts_plan(*tree, a, cfg.training.local_batch_size * S);
+    const auto experts = qwen3::experts_plan(*tree, a, cfg.training.local_batch_size * S,
+                                             DType::F32, false, reg, device);
     const ops::GroupedExpertsOp ref =
         plugin::Registry::global().op<ops::GroupedExpertsOp>("grouped_experts_reference");
     std::vector<std::string> done;
@@ -256,12 +311,12 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
                    {{std::min<int64_t>(T, 64), D, F, E, K}, true, "one hot expert"}};
       // The bf16 row runs the op's bfloat16 kernel when it has one, else its fp32 kernel on
       // bf16-representable inputs.
-      const plugin::Registry& reg = plugin::Registry::global();
-      const bool has_bf16 = reg.ops().has(ops::GroupedExpertsOp::kKind, op.name, "cpu", "bfloat16");
+      const bool has_bf16 =
+          reg.ops().has(ops::GroupedExpertsOp::kKind, op.name, device, "bfloat16");
       for (const auto& c : cases)
         for (bool bf16 : {false, true}) {
           const ops::GroupedExpertsOp& k =
-              bf16 && has_bf16 ? reg.op<ops::GroupedExpertsOp>(op.name, "cpu", "bfloat16") : op;
+              bf16 && has_bf16 ? reg.op<ops::GroupedExpertsOp>(op.name, device, "bfloat16") : op;
           ok &= check_experts(k, ref, c.s, bf16, c.one, c.what);
           ++checked;
         }

@@ -5,6 +5,9 @@
 // model uses (built-in or overridden) is also checked against the reference loop
 // ("grouped_experts_reference"), each output within 8·eps·√max(D, 2·K·F) of the reference's
 // largest value (fp32 summation error over the longest sum; 1.1e-4 at debugmodel_moe's shape).
+// With --training.device D (not cpu), the ops D runs (its built-in ones included, under the same
+// names) are compared with the CPU's, their inputs copied to the device and outputs back; an op
+// with no kernel for D is one error naming it (the op table's "no ... op named ... for D/...").
 #pragma once
 #include "titan/config/job_config.h"
 
