@@ -472,21 +472,26 @@ TEST(CliBadInput, MessagesSayWhatIsWrong) {
   EXPECT_EQ(r.out.find("pass --override.imports"), std::string::npos) << r.out;
 }
 
-// training.device: an unknown device, and cuda where it cannot run (this machine: no CUDA build
-// or no GPU; with a GPU: the model does not run there yet), one line each, exit 1.
+// training.device: an unknown device; cuda where it cannot run (no CUDA build, no GPU: CUDA's
+// reason), and with a GPU what runs on the CPU only (several ranks, LoRA), one line each, exit 1.
 TEST(CliBadInput, DeviceCudaSaysWhyNot) {
   expect_error("train --config qwen3_debugmodel --training.device tpu",
                "training.device 'tpu' is not a known device; use cpu or cuda");
+  std::string why;
+  if (titan::ops::cuda_usable(&why)) {
+    expect_error("train --config qwen3_debugmodel --training.device cuda --lora.rank 4",
+                 "LoRA runs on the CPU only for now; use --training.device cpu");
+    return;
+  }
   const Result r = titan("train --config qwen3_debugmodel --training.device cuda");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("titan: error: training.device cuda: "), std::string::npos) << r.out;
-  std::string why;
   if (!titan::ops::cuda_built())
     EXPECT_NE(r.out.find("built without CUDA"), std::string::npos) << r.out;
-  else if (!titan::ops::cuda_usable(&why))
-    EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
   else
-    EXPECT_NE(r.out.find("does not run on a GPU yet"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
+  expect_error("check-kernel --config qwen3_debugmodel --training.device cuda",
+               "check-kernel --training.device cuda: ");
 }
 
 // A .txt dataset_path under the default dataset was split at '%' lines (fortunes records); a
