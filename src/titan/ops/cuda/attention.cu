@@ -2,8 +2,9 @@
 //   o = softmax(q·kᵀ·scale + mask)·v per (row b, query head h), kv head h / (Hq/Hkv); key j is
 //   visible to query i iff seg_start[i] <= j <= i; lse = log Σ exp(scores) saved per query.
 //   q[T, Hq, d] (token stride ldq), k, v [T, Hkv, d] (ldk, ldv); o[T, Hq·d]; lse[B, Hq, S].
-// FlashAttention-2's schedule on CUDA cores, fp32: a block takes 32 queries (forward, dq) or 32
-// keys (dk, dv) of one head and walks the other side's tiles of 32 through shared memory with an
+// The bf16 variants at head_dim 64 and 128 run on tensor cores (ops/cuda/attention_tc.cu); the
+// rest: FlashAttention-2's schedule on CUDA cores, fp32: a block takes 32 queries (forward, dq) or
+// 32 keys (dk, dv) of one head and walks the other side's tiles of 32 through shared memory with an
 // online softmax; the backward recomputes the probabilities from lse (attention_bwd: delta =
 // rowsum(dout ⊙ o), then dq over query tiles, then dk/dv over key tiles, each kv head's block
 // summing its query heads: no atomics, deterministic). The bf16 variants round q, k, v, dout, the
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <vector>
 
+#include "titan/ops/cuda/attention_tc.h"
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/cuda/runtime.h"
 
@@ -325,6 +327,10 @@ void fwd(const AttnShape& s, const float* q, const float* k, const float* v, con
          float* o, float* lse) {
   check_shape(s, "attention_fwd");
   if (s.B * s.S == 0) return;
+  if (BF16 && attention_tc_supports(s)) {  // head_dim 64 or 128: tensor cores
+    attention_fwd_tc(s, q, k, v, seg, o, lse);
+    return;
+  }
   const size_t shared = sizeof(float) * (4 * kTile * (s.d + 1) + kTile * kLd);
   allow_shared(fwd_k<BF16>, shared);
   const dim3 grid(static_cast<unsigned>((s.S + kTile - 1) / kTile), static_cast<unsigned>(s.Hq),
@@ -342,6 +348,10 @@ void bwd(const AttnShape& s, const float* q, const float* k, const float* v, con
   const int64_t warps = s.B * s.Hq * s.S;
   delta_k<<<blocks_for(warps * 32, kThreads), kThreads, 0, stream()>>>(s, o, dout, delta);
   TITAN_CUDA_LAUNCHED("attention_bwd (delta)");
+  if (BF16 && attention_tc_supports(s)) {
+    attention_bwd_tc(s, q, k, v, lse, dout, seg, delta, dq, dk, dv);
+    return;
+  }
   const unsigned tiles = static_cast<unsigned>((s.S + kTile - 1) / kTile);
   const size_t dq_shared = sizeof(float) * (5 * kTile * (s.d + 1) + kTile * kLd);
   allow_shared(dq_k<BF16>, dq_shared);
