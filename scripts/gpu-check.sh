@@ -35,7 +35,7 @@ gencode="--generate-code=arch=compute_90a,code=sm_90a --generate-code=arch=compu
 t0=$(date +%s)
 pids=()
 for f in src/titan/ops/cuda/runtime.cu src/titan/ops/cuda/elementwise.cu src/titan/ops/cuda/gemm.cu \
-         src/titan/ops/cuda/attention.cu src/titan/ops/cuda/loss.cu \
+         src/titan/ops/cuda/attention.cu src/titan/ops/cuda/attention_tc.cu src/titan/ops/cuda/loss.cu \
          src/titan/ops/cuda/router.cu src/titan/ops/cuda/experts.cu \
          src/titan/ops/cuda/backend.cu src/titan/optim/cuda/adamw.cu; do
   o="$build/$(basename "$f" .cu).o"

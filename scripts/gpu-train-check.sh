@@ -39,6 +39,16 @@ for d in "$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/li
          /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
   [ -d "$d" ] && libpath="$libpath:$d"
 done
+# PyTorch's CUDA wheels (nvidia/*/lib: cuBLASLt, the runtime, NCCL) where the toolkit lacks one.
+py_libs=$("${TITAN_TORCH_PYTHON:-python3}" -c \
+  "import glob, site; print(':'.join(sorted(glob.glob(site.getsitepackages()[0] + '/nvidia/*/lib'))))" \
+  2>/dev/null || true)
+[ -n "$py_libs" ] && libpath="$libpath:$py_libs"
+if ! "$b/lib/ld.so" --library-path "$libpath" --list "$b/titan" >"$out/ldd.txt" 2>&1 ||
+   grep -q "not found" "$out/ldd.txt"; then
+  say "training: FAILED: titan's libraries are not all here ($(grep 'not found' "$out/ldd.txt" | tr -s ' \t' ' ' | tr '\n' ';'))"
+  exit 1
+fi
 
 say "training: titan $(cat "$b/commit") from the bundle"
 byte="--dataloader.dataset_path $b/data/wikitext-test-byte.bin"

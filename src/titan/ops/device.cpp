@@ -10,6 +10,7 @@ namespace titan::ops {
 bool cuda_built() { return true; }
 bool cuda_usable(std::string* why) { return cuda::device_count(why) > 0; }
 std::string cuda_device() { return cuda::describe_device(); }
+void select_cuda_device(int index) { cuda::set_device(index); }
 bool device_memory(const std::string& device, int64_t* total, int64_t* used) {
   if (device != "cuda" || cuda::device_count(nullptr) == 0) return false;
   cuda::memory_info(total, used);
@@ -28,6 +29,7 @@ bool cuda_usable(std::string* why) {
   return false;
 }
 std::string cuda_device() { return ""; }
+void select_cuda_device(int) {}
 bool device_memory(const std::string&, int64_t*, int64_t*) { return false; }
 double device_gemm_flops(const std::string&, bool) { return 0.0; }
 #endif

@@ -12,6 +12,8 @@ bool cuda_built();
 bool cuda_usable(std::string* why);
 // "NVIDIA H200, sm_90, 139.8 GiB" (cuda_usable() must be true).
 std::string cuda_device();
+// One process per GPU: GPU index % (visible GPUs) becomes this process's (before any allocation).
+void select_cuda_device(int index);
 
 // The memory of a compute device (cuda: device 0's, cudaMemGetInfo): total and in use, bytes;
 // false for a device titan cannot query (the CPU's is core/cpu.h's).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "titan/core/test_hooks.h"
 #include "titan/data/chat_dataset.h"
 #include "titan/data/dataset.h"
+#include "titan/dist/nccl/nccl_group.h"
 #include "titan/models/registry.h"
 #include "titan/ops/backend.h"
 #include "titan/ops/device.h"
@@ -79,6 +81,14 @@ void load_lora_weights(const config::JobConfig& c, models::Model& m) {
   }
 }
 
+// This process's index among the ranks on its machine (mpirun's OMPI_COMM_WORLD_LOCAL_RANK,
+// MPICH's MPI_LOCALRANKID, Slurm's SLURM_LOCALID), else its world rank: which GPU it takes.
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* x = std::getenv(v); x && *x) return std::atoi(x);
+  return dist::world().rank();
+}
+
 // The checkpointer's view of a LoRA run: the base's weights are loaded by load_lora_weights, so
 // the checkpointer only resumes (or saves) the adapters.
 config::JobConfig lora_checkpoint_config(config::JobConfig c) {
@@ -113,16 +123,26 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   models::validate_model_config(cfg_);
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
   if (device != "cpu") {  // what runs on the CPU only, for now
-    check(dist::world().size() == 1,
-          "training.device " + device +
-              " trains in one process for now: the distributed layer "
-              "has no device communicator (NCCL) yet; launch one process, or use --training.device "
-              "cpu for " +
-              std::to_string(dist::world().size()) + " ranks");
     check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
           "LoRA runs on the CPU only for now; use --training.device cpu");
+    const std::string n = std::to_string(dist::world().size());
+    if (dist::world().size() > 1) {  // one process per GPU, the gradients all-reduced by NCCL
+      check(device == "cuda", "training.device " + device + " trains in one process (" + n +
+                                  " ranks need a device communicator)");
+      check(dims_.dp_shard == 1 && dims_.tp == 1 && dims_.ep == 1 && dims_.cp == 1,
+            "on GPUs titan's data parallelism is DDP for now (FSDP, TP and EP shard on the host): "
+            "use --parallelism.data_parallel_replicate_degree " +
+                n + " --parallelism.data_parallel_shard_degree 1, or --training.device cpu");
+      check(dist::nccl_built(), "training.device cuda on " + n +
+                                    " ranks: this titan was built without NCCL (CMake found no "
+                                    "nccl.h and libnccl beside the CUDA toolkit); install NCCL "
+                                    "and rebuild, or train in one process");
+      ops::select_cuda_device(local_rank());
+    }
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
+  if (device == "cuda" && dims_.dp_replicate > 1)  // DDP over GPUs: the gradients on NCCL
+    grad_replicate_ = dist::nccl_group(*mesh_.replicate);
   const auto& t = cfg_.training;
   // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
   // first a plan-only model (parameter list and size table, no storage) for the vocabulary and
@@ -465,7 +485,7 @@ void Trainer::reduce_and_update(StepResult& r) {
   if (fsdp_) fsdp_->finish_grads();
   const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
   float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->grad_data();
-  mesh_.replicate->all_reduce(shard_grad, len);
+  (grad_replicate_ ? *grad_replicate_ : *mesh_.replicate).all_reduce(shard_grad, len);
   // Σ g² of this rank's elements: under TP [slices, replicated]; the slices' sums add over the
   // tp ranks, the replicated parameters (the same on every tp rank) count once.
   double sq[2] = {0, 0};
@@ -639,7 +659,10 @@ void Trainer::maybe_checkpoint() {
     }
   } else {  // DDP, or the model-only export: rank 0 writes the whole state
     if (fsdp_) fsdp_->gather_all();
-    if (rank0()) checkpointer_->maybe_save(st, last, *model_, m_.data(), v_.data());
+    if (rank0()) {
+      HostMoments hm(*this, /*fetch=*/true);
+      checkpointer_->maybe_save(st, last, *model_, hm.m, hm.v);
+    }
     if (fsdp_) fsdp_->reshard_all();
   }
   dist::world().barrier();  // the step folder is committed before any rank goes on

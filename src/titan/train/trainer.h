@@ -80,6 +80,9 @@ class Trainer {
   // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
   // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
   std::unique_ptr<TensorParallel> tp_;
+  // DDP over GPUs: the replicate group on NCCL, for the gradients in device memory (the host
+  // group keeps the scalars: token counts, losses, norms).
+  std::unique_ptr<dist::Communicator> grad_replicate_;
   std::unique_ptr<models::Model> whole_;
   int64_t tp_comm_bytes_ = 0;
   double tp_seconds_ = 0;

@@ -37,13 +37,15 @@ Backend backend(bool bf16);
 // ---- device and memory
 // The number of visible GPUs; 0 with *why saying why (no driver, no device: CUDA's message).
 int device_count(std::string* why);
-// "NVIDIA H200, sm_90, 139.8 GiB" for device 0.
+// Makes GPU index % (visible GPUs) this process's device (cudaSetDevice), before any allocation.
+void set_device(int index);
+// "NVIDIA H200, sm_90, 139.8 GiB" for the current device (", device 3" when there are several).
 std::string describe_device();
 // cudaMalloc: 256-byte aligned, uninitialized; out of memory is a titan::Error saying how much
 // was asked and is free.
 void* alloc(size_t bytes);
 void free(void* p);  // never throws
-// Device 0's memory: total and in use (cudaMemGetInfo), bytes.
+// The current device's memory: total and in use (cudaMemGetInfo), bytes.
 void memory_info(int64_t* total, int64_t* used);
 // cuBLASLt's GEMM rate at n³ (bf16 inputs with fp32 accumulation, or fp32), FLOP/s: best of 5
 // timed rounds of 5 after a warm-up (ops/cuda/gemm.cu).

@@ -18,14 +18,29 @@ int device_count(std::string* why) {
   return n;
 }
 
+void set_device(int index) {
+  int n = 0;
+  TITAN_CUDA_CHECK(cudaGetDeviceCount(&n));
+  TITAN_CUDA_CHECK(cudaSetDevice(index % n));
+}
+
+namespace {
+int n_devices() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+}  // namespace
+
 std::string describe_device() {
+  int dev = 0;
+  TITAN_CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp p{};
-  TITAN_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  TITAN_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
   char mem[64];
   std::snprintf(mem, sizeof mem, "%.1f GiB",
                 static_cast<double>(p.totalGlobalMem) / static_cast<double>(1ull << 30));
   return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
-         mem;
+         mem + (n_devices() > 1 ? ", device " + std::to_string(dev) : std::string());
 }
 
 void* alloc(size_t bytes) {
