@@ -16,6 +16,8 @@
 
 #include "test_util.h"
 #include "titan/core/error.h"
+#include "titan/models/qwen3/model.h"
+#include "titan/models/qwen3/spec.h"
 #include "titan/models/registry.h"
 #include "titan/ops/backend.h"
 #include "titan/ops/experts_op.h"
@@ -153,6 +155,23 @@ TEST(DeviceTraining, DenseAndMoeFp32AndBf16GiveTheCpuRunsBits) {
     }
 }
 
+// LoRA on a device: the adapters, their gradients and scratch in its memory, the frozen base
+// there too; the CPU run's bits, fp32 and bf16 (the base's GEMMs in bf16, the adapters in fp32).
+TEST(DeviceTraining, LoraGivesTheCpuRunsBits) {
+  register_hostdev();
+  for (const bool bf16 : {false, true}) {
+    config::JobConfig cpu = job("cpu", false, bf16), dev = job("hostdev", false, bf16);
+    for (auto* c : {&cpu, &dev}) {
+      c->lora.rank = 4;
+      c->lora.alpha = 8;
+      c->optimizer.lr = 1e-2;
+    }
+    const Trained a = train_steps(cpu, 3), b = train_steps(dev, 3);
+    EXPECT_LT(a.loss[2], a.loss[0]) << (bf16 ? "bf16" : "fp32");
+    expect_same(a, b, bf16 ? "lora bf16" : "lora fp32");
+  }
+}
+
 // A checkpoint saved by a device run (weights fetched, AdamW's moments staged through the host)
 // resumes on the device, and on the CPU, to the uninterrupted run's bits.
 TEST(DeviceTraining, CheckpointsResumeOnTheDeviceAndOnTheCpu) {
@@ -228,11 +247,24 @@ TEST(DeviceTraining, WhatRunsOnTheCpuOnlyIsRefusedInOneLine) {
               m->new_kv_cache(1, 8);
             }).find("generation runs on the CPU only"),
             std::string::npos);
+  // A microbatch past the model's allocation: the error before any copy to the device.
+  const std::vector<int32_t> ids(16, 1), pos(16, 0);
+  EXPECT_NE(titan::testing::error_of([&] {
+              m->forward_loss({2, 8, ids.data(), ids.data(), pos.data()});
+            }).find("microbatch of 2x8 exceeds the model's allocated 1x8"),
+            std::string::npos);
+  // The ops a model runs are its device's: CPU ops on a device model are refused.
+  EXPECT_NE(titan::testing::error_of([&] {
+              qwen3::Qwen3Model(qwen3::args_from_config(c), 1, 8, 8, {}, {}, true, {}, DType::F32,
+                                true, {}, "hostdev");
+            }).find("RoPE op 'cos_sin_rope' runs on cpu, this model computes on hostdev"),
+            std::string::npos);
   config::JobConfig l = c;
   l.lora.rank = 4;
+  l.lora.dropout = 0.1;
   EXPECT_NE(titan::testing::error_of([&] {
               Trainer t(l, titan::testing::fox_docs());
-            }).find("LoRA runs on the CPU only for now; use --training.device cpu"),
+            }).find("lora.dropout on hostdev is not implemented (its masks are drawn on the host)"),
             std::string::npos);
   config::JobConfig u = c;
   u.training.device = "tpu";

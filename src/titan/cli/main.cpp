@@ -254,7 +254,9 @@ int run(std::vector<std::string> args) {
     titan::config::JobConfig cfg = build_config(args, cmd);
     const titan::train::MemoryPlan plan = titan::train::plan_memory(cfg);
     std::printf("%s", plan.format().c_str());
-    return plan.total() <= titan::cpu::total_memory_bytes() ? 0 : 1;
+    // against the machine's memory, or the device's where it can be queried
+    const int64_t have = plan.device == "cpu" ? titan::cpu::total_memory_bytes() : plan.capacity;
+    return have <= 0 || plan.total() <= have ? 0 : 1;
   }
   if (cmd == "check-kernel") {
     titan::config::JobConfig cfg = build_config(args, cmd);

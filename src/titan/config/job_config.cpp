@@ -56,7 +56,7 @@ std::vector<Field> fields(JobConfig& c) {
        "gradient reduction dtype across data-parallel ranks: float32"},
       {"training.dtype", &c.training.dtype, "master weight dtype: float32"},
       {"training.device", &c.training.device,
-       "where the model computes: cpu, cuda (one GPU; a plugin may bring another device)"},
+       "where the model computes: cpu, cuda (one GPU per process)"},
       {"optimizer.name", &c.optimizer.name, "AdamW"},
       {"optimizer.lr", &c.optimizer.lr, "learning rate"},
       {"optimizer.beta1", &c.optimizer.beta1, "AdamW beta1"},

@@ -56,8 +56,12 @@ std::string strip_weight(const std::string& key) {
 }  // namespace
 
 LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool allocate)
-    : base_(std::move(base)), o_(o), be_(ops::backend("cpu", "float32")) {
+    : base_(std::move(base)), o_(o), be_(ops::backend(base_->device(), "float32")) {
   check(o.rank > 0, "lora.rank must be positive");
+  check(o.dropout <= 0 || base_->device() == "cpu",
+        "lora.dropout on " + base_->device() +
+            " is not implemented (its masks are drawn on the host); set --lora.dropout 0 or use "
+            "--training.device cpu");
   scale_ = static_cast<float>(o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.rank))
                                            : o.alpha / static_cast<double>(o.rank));
   leaves_ = lora_target_leaves(o.target_modules);
@@ -115,8 +119,8 @@ LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool all
                           "' matches no projection of the model; use wq,wk,wv,wo,w1,w2,w3");
   n_params_ = off;
   if (!allocate) return;
-  params_buf_.resize(off);
-  grads_buf_.resize(off);
+  params_buf_.resize(off, be_.memory());
+  grads_buf_.resize(off, be_.memory());
   init_weights(o.seed);
   base_->set_linear_hooks(this);
 }
@@ -126,19 +130,21 @@ LoraModel::~LoraModel() {
 }
 
 void LoraModel::init_weights(uint64_t seed, float /*std*/, int64_t /*unit*/) {
+  float* P = params_buf_.host_writable();
   for (size_t i = 0; i < ad_.size(); ++i) {
     const Adapter& a = ad_[i];
-    float* A = params_buf_.data() + a.a;
+    float* A = P + a.a;
     const double bound = 1.0 / std::sqrt(static_cast<double>(a.in));
     for (int64_t k = 0; k < o_.rank * a.in; ++k)
       A[k] = static_cast<float>(
           bound *
           (2.0 * uniform_open(random_u64(seed, 0x10A0000 + i, static_cast<uint64_t>(k))) - 1.0));
-    std::fill_n(params_buf_.data() + a.b, a.rows * o_.rank, 0.0f);
+    std::fill_n(P + a.b, a.rows * o_.rank, 0.0f);
   }
 }
 
 ops::LossSum LoraModel::forward_backward(const Batch& b, float grad_scale, float aux_weight) {
+  params_buf_.sync_device();
   training_ = true;
   ++pass_;
   try {
@@ -169,8 +175,7 @@ const float* LoraModel::dropped(size_t i, const float* x, int64_t M, int64_t in)
   grow(&xd_, M * in);
   const float keep = static_cast<float>(1.0 / (1.0 - o_.dropout));
 #pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < M * in; ++k)
-    xd_[static_cast<size_t>(k)] = kept(i, k) ? x[k] * keep : 0.0f;
+  for (int64_t k = 0; k < M * in; ++k) xd_[k] = kept(i, k) ? x[k] * keep : 0.0f;
   return xd_.data();
 }
 
@@ -182,7 +187,7 @@ void LoraModel::forward(int64_t w, const float* x, float* y, int64_t M, int64_t 
     grow(&u_, M * r);
     const float* xi = dropped(i, x, M, in);
     be_.gemm(false, true, M, r, in, xi, in, P + a.a, in, u_.data(), r, false);  // x·Aᵀ
-    for (int64_t k = 0; k < M * r; ++k) u_[static_cast<size_t>(k)] *= scale_;
+    be_.scale_inplace(u_.data(), M * r, scale_);
     be_.gemm(false, true, M, a.rows, r, u_.data(), r, P + a.b, r, y + col, out, true);  // += u·Bᵀ
   }
 }
@@ -199,10 +204,10 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
     grow(&du_, M * r);
     const float* xi = dropped(i, x, M, in);
     be_.gemm(false, true, M, r, in, xi, in, P + a.a, in, u_.data(), r, false);
-    for (int64_t k = 0; k < M * r; ++k) u_[static_cast<size_t>(k)] *= scale_;
+    be_.scale_inplace(u_.data(), M * r, scale_);
     be_.gemm(true, false, a.rows, r, M, dy + col, out, u_.data(), r, G + a.b, r, true);  // dB
     be_.gemm(false, false, M, r, a.rows, dy + col, out, P + a.b, r, du_.data(), r, false);
-    for (int64_t k = 0; k < M * r; ++k) du_[static_cast<size_t>(k)] *= scale_;
+    be_.scale_inplace(du_.data(), M * r, scale_);
     be_.gemm(true, false, r, in, M, du_.data(), r, xi, in, G + a.a, in, true);  // dA
     if (xi == x) {
       be_.gemm(false, false, M, in, r, du_.data(), r, P + a.a, in, dx, in, true);  // dx += du·A
@@ -212,14 +217,14 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
       const auto ai = i;  // a structured binding cannot be named inside an OpenMP region (clang)
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < M * in; ++k)
-        if (kept(ai, k)) dx[k] += xd_[static_cast<size_t>(k)] * keep;
+        if (kept(ai, k)) dx[k] += xd_[k] * keep;
     }
   }
 }
 
 void LoraModel::merge_adapters(bool merge) {
-  float* W = base_->param_data();  // marks the base's compute copy stale
-  const float* P = params_buf_.data();
+  float* W = base_->param_data();  // the host's (marks the base's compute copy stale)
+  const float* P = params_buf_.host();
   const int64_t r = o_.rank;
   if (!merge) {
     for (size_t i = 0; i < unmerged_.size(); ++i)
@@ -234,7 +239,8 @@ void LoraModel::merge_adapters(bool merge) {
     float* w = W + a.base_offset;
     unmerged_.emplace_back(w, w + a.rows * a.in);
     delta.assign(static_cast<size_t>(a.rows * a.in), 0.0f);
-    be_.gemm(false, false, a.rows, a.in, r, P + a.b, r, P + a.a, a.in, delta.data(), a.in, false);
+    ops::gemm(false, false, a.rows, a.in, r, P + a.b, r, P + a.a, a.in, delta.data(), a.in,
+              false);  // host arrays: the CPU's GEMM
     for (int64_t k = 0; k < a.rows * a.in; ++k) w[k] += scale_ * delta[static_cast<size_t>(k)];
   }
 }
@@ -285,7 +291,8 @@ void LoraModel::load_hf(const TensorSource& src, const std::string& where,
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
     throw Error(msg);
   }
-  for (const auto& t : tensors) src.read_f32(t.key, t.shape, params_buf_.data() + t.offset);
+  float* P = params_buf_.host_writable();
+  for (const auto& t : tensors) src.read_f32(t.key, t.shape, P + t.offset);
 }
 
 nlohmann::json LoraModel::hf_config(const nlohmann::json& /*base*/,

@@ -22,6 +22,9 @@
 // "layers.L.attention.wq.weight", in the base's order (group = the base layer's unit).
 // Its Hugging Face form is PEFT's adapter directory: adapter_model.safetensors with keys
 // "base_model.model.<HF module>.lora_A.weight" / ".lora_B.weight" and adapter_config.json.
+// On a base built for a device (Model::device()), the adapters, their gradients and scratch live
+// in that device's memory too and run on its fp32 kernels (param_data(): the host copy of
+// models/model.h); dropout (its masks drawn on the host) is refused there.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -31,6 +34,7 @@
 
 #include "titan/core/buffer.h"
 #include "titan/core/rng.h"
+#include "titan/models/device_params.h"
 #include "titan/models/model.h"
 #include "titan/ops/backend.h"
 
@@ -63,9 +67,11 @@ class LoraModel final : public Model, public LinearHooks {
   const std::vector<ParamInfo>& params() const override { return params_; }
   int64_t num_params() const override { return n_params_; }
   int64_t compute_copy_bytes() const override { return base_->compute_copy_bytes(); }
-  float* param_data() override { return params_buf_.data(); }
-  const float* param_data() const override { return params_buf_.data(); }
+  float* param_data() override { return params_buf_.host_writable(); }
+  const float* param_data() const override { return params_buf_.host(); }
   float* grad_data() override { return grads_buf_.data(); }
+  std::string device() const override { return base_->device(); }
+  float* device_param_data() override { return params_buf_.for_device_update(); }
   std::vector<BufferInfo> buffers() const override { return base_->buffers(); }
   int64_t vocab_size() const override { return base_->vocab_size(); }
   // The adapters only (the base keeps its weights); unit is ignored.
@@ -78,13 +84,20 @@ class LoraModel final : public Model, public LinearHooks {
 
   // ---- compute: the base's, with the adapters hooked into its linear layers
   ops::LossSum forward_backward(const Batch& b, float grad_scale, float aux_weight = 1.0f) override;
-  ops::LossSum forward_loss(const Batch& b) override { return base_->forward_loss(b); }
-  void forward_logits(const Batch& b, float* out) override { base_->forward_logits(b, out); }
+  ops::LossSum forward_loss(const Batch& b) override {
+    params_buf_.sync_device();
+    return base_->forward_loss(b);
+  }
+  void forward_logits(const Batch& b, float* out) override {
+    params_buf_.sync_device();
+    base_->forward_logits(b, out);
+  }
   std::unique_ptr<KvCache> new_kv_cache(int64_t n_seq, int64_t max_len) override {
     return base_->new_kv_cache(n_seq, max_len);
   }
   int64_t forward_cached(KvCache& cache, const int32_t* tokens, const int32_t* seq, int64_t n,
                          float* logits) override {
+    params_buf_.sync_device();
     return base_->forward_cached(cache, tokens, seq, n, logits);
   }
   int64_t max_new_per_call() const override { return base_->max_new_per_call(); }
@@ -133,21 +146,22 @@ class LoraModel final : public Model, public LinearHooks {
     return uniform_open(random_u64(o_.seed, (pass_ << 20) + i, static_cast<uint64_t>(k))) >=
            o_.dropout;
   }
-  void grow(std::vector<float>* v, int64_t n) {
-    if (static_cast<int64_t>(v->size()) < n) v->resize(static_cast<size_t>(n));
+  void grow(Buffer<float>* v, int64_t n) {  // in the device's memory
+    if (v->size() < n) v->resize(n, be_.memory());
   }
 
   std::unique_ptr<Model> base_;
   LoraOptions o_;
-  const ops::Backend& be_;  // fp32 kernels
+  const ops::Backend& be_;  // fp32 kernels of the base's device
   float scale_ = 1;
   int64_t n_params_ = 0;
   std::vector<std::string> leaves_;
   std::vector<Adapter> ad_;
   std::vector<ParamInfo> params_;
-  Buffer<float> params_buf_, grads_buf_;
+  DeviceParams params_buf_;  // the adapters (and their host copy off the CPU)
+  Buffer<float> grads_buf_;
   std::unordered_map<int64_t, std::vector<std::pair<size_t, int64_t>>> blocks_;
-  std::vector<float> u_, du_, xd_;  // [M, r], [M, r], [M, in] scratch
+  Buffer<float> u_, du_, xd_;  // [M, r], [M, r], [M, in] scratch
   bool training_ = false;
   uint64_t pass_ = 0;                         // forward_backward calls: the dropout masks' counter
   std::vector<std::vector<float>> unmerged_;  // merge_adapters: the base weights as they were

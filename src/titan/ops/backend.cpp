@@ -57,6 +57,7 @@ std::vector<std::string> Backend::missing() const {
   need(swiglu_bwd, "swiglu_bwd");
   need(add, "add");
   need(add_inplace, "add_inplace");
+  need(scale_inplace, "scale_inplace");
   need(gemm, "gemm");
   need(linear_fwd, "linear_fwd");
   need(linear_bwd, "linear_bwd");

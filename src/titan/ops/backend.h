@@ -52,6 +52,7 @@ struct Backend {
   decltype(&ops::swiglu_bwd) swiglu_bwd = nullptr;
   decltype(&ops::add) add = nullptr;
   decltype(&ops::add_inplace) add_inplace = nullptr;
+  decltype(&ops::scale_inplace) scale_inplace = nullptr;
   decltype(&ops::gemm) gemm = nullptr;  // gemm.h: strided, transposes, +=
   decltype(&ops::linear_fwd) linear_fwd = nullptr;
   decltype(&ops::linear_bwd) linear_bwd = nullptr;  // dx_accumulate passed explicitly

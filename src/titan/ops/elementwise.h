@@ -51,9 +51,10 @@ void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F);
 // Backward of swiglu_fwd: dab[:, :F] = dg ⊙ b ⊙ silu'(a), dab[:, F:] = dg ⊙ silu(a).
 void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t F);
 
-// ---- Vector helpers. out = a + b (residual add) and y += x.
+// ---- Vector helpers. out = a + b (residual add), y += x, and x *= s (LoRA's scaling).
 void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
+void scale_inplace(float* x, int64_t n, float s);
 
 // ---- bf16 rounding of activations for the mixed-precision GEMMs: y[i] = bf16(x[i]) (raw bit
 // pattern), round to nearest even, NaN kept quiet with its sign, ±inf kept; bitwise the same as

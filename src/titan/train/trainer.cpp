@@ -19,7 +19,6 @@
 #include "titan/ops/backend.h"
 #include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
-#include "titan/plugin/registry.h"
 #include "titan/train/expert_parallel.h"
 #include "titan/train/memory_plan.h"
 #include "titan/train/weights_check.h"
@@ -107,9 +106,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     std::string why;
     const bool usable = ops::cuda_usable(&why);
     check(usable, "training.device cuda: " + why);
-  } else if (device != "cpu") {  // another device: a backend a plugin registered
-    for (const auto& lib : plugin::split_list(cfg_.override_.imports))
-      plugin::Registry::global().load(lib);
+  } else if (device != "cpu") {  // another device: one with a registered backend
     std::string devices;
     bool known = false;
     for (const std::string& b : ops::registered_backends()) {
@@ -122,23 +119,19 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   }
   models::validate_model_config(cfg_);
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
-  if (device != "cpu") {  // what runs on the CPU only, for now
-    check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
-          "LoRA runs on the CPU only for now; use --training.device cpu");
+  if (device != "cpu" && dist::world().size() > 1) {  // one process per GPU, gradients on NCCL
     const std::string n = std::to_string(dist::world().size());
-    if (dist::world().size() > 1) {  // one process per GPU, the gradients all-reduced by NCCL
-      check(device == "cuda", "training.device " + device + " trains in one process (" + n +
-                                  " ranks need a device communicator)");
-      check(dims_.dp_shard == 1 && dims_.tp == 1 && dims_.ep == 1 && dims_.cp == 1,
-            "on GPUs titan's data parallelism is DDP for now (FSDP, TP and EP shard on the host): "
-            "use --parallelism.data_parallel_replicate_degree " +
-                n + " --parallelism.data_parallel_shard_degree 1, or --training.device cpu");
-      check(dist::nccl_built(), "training.device cuda on " + n +
-                                    " ranks: this titan was built without NCCL (CMake found no "
-                                    "nccl.h and libnccl beside the CUDA toolkit); install NCCL "
-                                    "and rebuild, or train in one process");
-      ops::select_cuda_device(local_rank());
-    }
+    check(device == "cuda", "training.device " + device + " trains in one process (" + n +
+                                " ranks need a device communicator)");
+    check(dims_.dp_shard == 1 && dims_.tp == 1 && dims_.ep == 1 && dims_.cp == 1,
+          "on GPUs titan's data parallelism is DDP for now (FSDP, TP and EP shard on the host): "
+          "use --parallelism.data_parallel_replicate_degree " +
+              n + " --parallelism.data_parallel_shard_degree 1, or --training.device cpu");
+    check(dist::nccl_built(), "training.device cuda on " + n +
+                                  " ranks: this titan was built without NCCL (CMake found no "
+                                  "nccl.h and libnccl beside the CUDA toolkit); install NCCL "
+                                  "and rebuild, or train in one process");
+    ops::select_cuda_device(local_rank());
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
   if (device == "cuda" && dims_.dp_replicate > 1)  // DDP over GPUs: the gradients on NCCL
@@ -412,7 +405,8 @@ StepResult Trainer::step() {
   const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   StepResult r;
   auto dp_sent = [this] {  // the gradients' and parameters' collectives (experts: efsdp's)
-    return mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() + mesh_.efsdp->bytes_sent();
+    return mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() + mesh_.efsdp->bytes_sent() +
+           (grad_replicate_ ? grad_replicate_->bytes_sent() : 0);
   };
   const int64_t sent0 = dp_sent();
   const int64_t ep0 = mesh_.ep->bytes_sent(), tp0 = mesh_.tp->bytes_sent();
@@ -485,7 +479,9 @@ void Trainer::reduce_and_update(StepResult& r) {
   if (fsdp_) fsdp_->finish_grads();
   const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
   float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->grad_data();
-  (grad_replicate_ ? *grad_replicate_ : *mesh_.replicate).all_reduce(shard_grad, len);
+  // (skipped for a group of one: the gradients may be device memory, which MPI must not see)
+  if (mesh_.replicate->size() > 1)
+    (grad_replicate_ ? *grad_replicate_ : *mesh_.replicate).all_reduce(shard_grad, len);
   // Σ g² of this rank's elements: under TP [slices, replicated]; the slices' sums add over the
   // tp ranks, the replicated parameters (the same on every tp rank) count once.
   double sq[2] = {0, 0};

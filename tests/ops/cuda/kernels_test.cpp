@@ -187,6 +187,9 @@ void test_rope_swiglu_add() {
   ops::add_inplace(a.data(), b.data(), n);
   cu::add_inplace(d_a.p, d_b.p, n);
   report("add_inplace", rel_diff(d_a.host(), a), 0);
+  ops::scale_inplace(a.data(), n, 0.37f);
+  cu::scale_inplace(d_a.p, n, 0.37f);
+  report("scale_inplace", rel_diff(d_a.host(), a), 0);
   a[5] = NAN;
   a[6] = INFINITY;
   a[7] = -0.0f;

@@ -82,7 +82,7 @@ class NcclGroup final : public Communicator {
   }
   std::unique_ptr<Request> all_gather_async(uint16_t* x,
                                             const std::vector<int64_t>& counts) override {
-    gather(x, counts, ncclBfloat16, 2);  // bits moved, never combined
+    gather(x, counts, ncclHalf, 2);  // bf16 bits moved, never combined (any 2-byte type)
     return std::make_unique<Done>();
   }
   void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,

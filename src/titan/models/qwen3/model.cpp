@@ -122,7 +122,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
         "expert parallelism needs a MoE model whose num_experts the degree divides");
   check(!dev_ || (!tp_.active() && !tp_.ep_active()),
         "tensor and expert parallelism run on the CPU only (device " + device +
-            ": titan has no device communicator yet); use --training.device cpu");
+            ": their collectives move host memory); use --training.device cpu");
   const int64_t P = tp_.size;
   hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
   qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = tp_.ep_active() ? Fm : Fm / P;
@@ -190,6 +190,9 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
 
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
+  for (const auto& op : rope_ops_)  // the ops run on this model's memory
+    check(op.device == be_.device, "RoPE op '" + op.name + "' runs on " + op.device +
+                                       ", this model computes on " + be_.device);
   if (allocate) {
     rope_.resize(max_seq * d, mem_);
     be_.rope_table(max_seq, d, a_.rope_theta, rope_.data());
@@ -200,6 +203,10 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       experts_ops_.assign(static_cast<size_t>(L),
                           bf16_ ? ops::grouped_experts_bf16_op() : ops::grouped_experts_op());
     check(static_cast<int64_t>(experts_ops_.size()) == L, "one experts op per layer is required");
+    for (int64_t l = 0; l < L; ++l)
+      check(!a_.moe_layer(l) || experts_ops_[l].device == be_.device,
+            "experts op '" + experts_ops_[l].name + "' runs on " + experts_ops_[l].device +
+                ", this model computes on " + be_.device);
     if (allocate) expert_bias_.resize(n_moe * E);
     aux_dp_.assign(static_cast<size_t>(E), 0.0f);
     aux_hits_.assign(static_cast<size_t>(E), 0.0);
@@ -216,7 +223,6 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   if (trainable_) grads_buf_.resize(num_params_, mem_);
   if (bf16_) wb_.resize(num_params_ - wb_base_, mem_);
   if (dev_) {
-    host_params_.resize(num_params_);
     batch_dev_.resize(3 * max_tokens_, mem_);
     if (n_moe > 0) {
       expert_bias_dev_.resize(n_moe * E, mem_);
@@ -455,27 +461,10 @@ void Qwen3Model::forward_logits(const Batch& b, float* out) {
   be_.copy(out, logits.data(), sizeof(float) * static_cast<size_t>(logits.size()));
 }
 
-const float* Qwen3Model::host_params() const {
-  if (!dev_) return params_buf_.data();
-  if (host_stale_) {
-    mem_.copy(host_params_.data(), params_buf_.data(), sizeof(float) * num_params_);
-    host_stale_ = false;
-  }
-  return host_params_.data();
-}
-
-void Qwen3Model::sync_device() {
-  if (!device_stale_) return;
-  mem_.copy(params_buf_.data(), host_params_.data(), sizeof(float) * num_params_);
-  device_stale_ = false;
-}
-
 float* Qwen3Model::device_param_data() {
   if (!dev_) return param_data();
-  sync_device();
-  mark_stale();        // the compute copy is remade after the update
-  host_stale_ = true;  // fetched again when next read
-  return params_buf_.data();
+  mark_stale();  // the compute copy is remade after the update
+  return params_buf_.for_device_update();
 }
 
 models::Batch Qwen3Model::device_batch(const Batch& b) {
@@ -730,12 +719,12 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
 
 ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight, bool backward,
                              float* logits_out) {
-  sync_device();
-  const Batch b = device_batch(hb);
-  check(b.B <= max_batch_ && b.S <= max_seq_ && b.B * b.S <= max_tokens_,
-        "microbatch of " + std::to_string(b.B) + "x" + std::to_string(b.S) +
+  check(hb.B <= max_batch_ && hb.S <= max_seq_ && hb.B * hb.S <= max_tokens_,
+        "microbatch of " + std::to_string(hb.B) + "x" + std::to_string(hb.S) +
             " exceeds the model's allocated " + std::to_string(max_batch_) + "x" +
             std::to_string(max_seq_));
+  params_buf_.sync_device();
+  const Batch b = device_batch(hb);  // checked first: it fills slots of max_tokens_
   if (const int64_t bad = be_.first_bad_position(b.positions, b.B * b.S, max_seq_); bad >= 0) {
     int32_t pos = 0;
     be_.copy(&pos, b.positions + bad, sizeof pos);

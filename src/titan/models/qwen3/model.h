@@ -33,8 +33,9 @@
 // backend's alloc), and so are the batch's token ids, labels and positions (copied there by each
 // pass) and the MoE layers' statistics (expert counts, auxiliary-loss sums, fetched once per
 // pass). The host keeps a copy of the weights (param_data(), models/model.h), the expert biases
-// (buffers(), sent before each pass) and the expert counts. Tensor and expert parallelism, the
-// ParamHooks (FSDP), LinearHooks (LoRA) and generation run on the CPU only: refused with one line.
+// (buffers(), sent before each pass) and the expert counts. The LinearHooks (LoRA) get device
+// pointers. Tensor and expert parallelism, the ParamHooks (FSDP) and generation run on the CPU
+// only: refused with one line.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -43,6 +44,7 @@
 #include "titan/core/buffer.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/models/device_params.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/ops/backend.h"
@@ -79,12 +81,12 @@ class Qwen3Model final : public models::Model {
   float* param_data() override {
     restore_masters();
     mark_stale();
-    return host_writable();
+    return params_buf_.host_writable();
   }
   float* unit_param_data(int64_t u) override {
     restore_masters();
     stale_[static_cast<size_t>(u)] = 1;
-    return host_writable();
+    return params_buf_.host_writable();
   }
   std::string device() const override { return be_.device; }
   float* device_param_data() override;
@@ -92,16 +94,12 @@ class Qwen3Model final : public models::Model {
   // compute copy is made (see models::Model::release_masters).
   void release_masters() override;
   int64_t master_bytes() const override;
-  const float* param_data() const override { return host_params(); }
+  const float* param_data() const override { return params_buf_.host(); }
   // Null when frozen (trainable = false: the base of LoRA adapters; no gradient buffer, the
   // backward computes only what flows to the inputs).
   float* grad_data() override { return trainable_ ? grads_buf_.data() : nullptr; }
   bool trainable() const override { return trainable_; }
-  void set_linear_hooks(models::LinearHooks* h) override {
-    check(!dev_ || !h, "LoRA adapters run on the CPU only (this model computes on " + be_.device +
-                           "); use --training.device cpu");
-    lin_hooks_ = h;
-  }
+  void set_linear_hooks(models::LinearHooks* h) override { lin_hooks_ = h; }
   // Tensor parallelism (models/tensor_parallel.h): built for one slice, the parameters are this
   // rank's slices (params()' split_dim), activations hold this rank's heads and hidden units and,
   // with sequence parallelism, the residual stream this rank's tokens; the hooks carry the
@@ -221,16 +219,8 @@ class Qwen3Model final : public models::Model {
   void recompute_cheap(int64_t l, const Batch& b);
   ops::LossSum run(const Batch& hb, float grad_scale, float aux_weight, bool backward,
                    float* logits_out = nullptr);
-  // Off the CPU: the host copy of the weights, fetched when the device's changed (host_writable:
-  // for writing, sent back by sync_device() before the device's next use); the batch's arrays
-  // copied to device memory; the expert counts of a training forward added to load_.
-  const float* host_params() const;
-  float* host_writable() {
-    float* p = const_cast<float*>(host_params());
-    device_stale_ = dev_;
-    return p;
-  }
-  void sync_device();
+  // Off the CPU: the batch's arrays copied to device memory; the expert counts of a training
+  // forward added to load_.
   Batch device_batch(const Batch& b);
   void fetch_counts();
   // Where the kernels read and write the MoE statistics: device memory off the CPU.
@@ -287,13 +277,10 @@ class Qwen3Model final : public models::Model {
   // This slice's sizes (the whole model's without tensor parallelism): heads, projection widths,
   // feed-forward and experts' hidden units, vocabulary rows [v0_, v0_ + vl_).
   int64_t hq_, hkv_, q_, kv_, qkv_, f_, fm_, v0_, vl_;
-  const ops::Backend& be_;  // the kernels (<device>/float32 or <device>/bfloat16)
-  DeviceMemory mem_;        // be_'s memory: where every buffer below lives (but the host's)
-  bool dev_ = false;        // off the CPU (mem_ is a device's)
-  mutable Buffer<float> host_params_;  // dev_: the host copy of the weights
-  mutable bool host_stale_ = false;    // dev_: the device's weights changed since the copy
-  bool device_stale_ = false;          // dev_: the host copy was written since it was sent
-  Buffer<int32_t> batch_dev_;          // dev_: [3, max_tokens] input, labels, positions
+  const ops::Backend& be_;     // the kernels (<device>/float32 or <device>/bfloat16)
+  DeviceMemory mem_;           // be_'s memory: where every buffer below lives (but the host's)
+  bool dev_ = false;           // off the CPU (mem_ is a device's)
+  Buffer<int32_t> batch_dev_;  // dev_: [3, max_tokens] input, labels, positions
   // dev_: the expert biases' device copy [n_moe, E], the expert counts [n_moe, E], the aux
   // loss's sums [2, E] (hits, Σ p) and its gradient w.r.t. p [E]
   Buffer<float> expert_bias_dev_, aux_dp_dev_;
@@ -311,7 +298,8 @@ class Qwen3Model final : public models::Model {
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
   int64_t num_params_ = 0;
-  Buffer<float> params_buf_, grads_buf_;
+  models::DeviceParams params_buf_;  // the weights (and their host copy off the CPU)
+  Buffer<float> grads_buf_;
   std::vector<Layer> layers_;
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;
 

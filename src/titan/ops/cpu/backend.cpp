@@ -42,6 +42,7 @@ Backend cpu_backend() {
   b.swiglu_bwd = ops::swiglu_bwd;
   b.add = ops::add;
   b.add_inplace = ops::add_inplace;
+  b.scale_inplace = ops::scale_inplace;
   b.gemm = ops::gemm;
   b.linear_fwd = ops::linear_fwd;
   b.linear_bwd = ops::linear_bwd;

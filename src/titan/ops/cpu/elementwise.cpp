@@ -202,6 +202,10 @@ void add(const float* a, const float* b, float* out, int64_t n) {
 
 void add_inplace(float* y, const float* x, int64_t n) { add(y, x, y, n); }
 
+void scale_inplace(float* x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 namespace {
 // Round to nearest even on the bit pattern (the compiler vectorizes the select); a NaN stays a
 // quiet NaN with its sign, as core/dtype.h's f32_to.

@@ -24,6 +24,7 @@ Backend backend(bool bf16) {
   b.swiglu_bwd = &cuda::swiglu_bwd;
   b.add = &cuda::add;
   b.add_inplace = &cuda::add_inplace;
+  b.scale_inplace = &cuda::scale_inplace;
   b.gemm = &cuda::gemm;
   b.linear_fwd = &cuda::linear_fwd;
   b.linear_bwd = &cuda::linear_bwd;

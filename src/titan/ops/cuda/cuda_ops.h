@@ -80,6 +80,7 @@ void swiglu_fwd(const float* ab, float* g, int64_t T, int64_t F);
 void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t F);
 void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
+void scale_inplace(float* x, int64_t n, float s);
 void to_bf16(const float* x, int64_t n, uint16_t* y);
 
 // ---- attention.h (ops/cuda/attention.cu: FlashAttention-2's tiling on CUDA cores, d <= 256;

@@ -8,7 +8,7 @@
 //   rope_table     cos_sin[max_pos, d] with the CPU's formula; first_bad_position read back
 //   rope_fwd/bwd   rotate halves (x1, x2) of each head by the position's (cos, sin); bwd by −sin
 //   swiglu_fwd     g[T,F] = silu(a)·b for ab[T, 2F] = [a | b];  swiglu_bwd its backward
-//   add, add_inplace, to_bf16 (round to nearest even; NaN stays a quiet NaN)
+//   add, add_inplace, scale_inplace, to_bf16 (round to nearest even; NaN stays a quiet NaN)
 // Compiled with --fmad=false: each product and sum rounds as on the CPU (elementwise.cpp is
 // built with -ffp-contract=off), so only reductions (the norms' sums of squares) differ in order.
 #include <cub/device/device_radix_sort.cuh>
@@ -154,6 +154,12 @@ __global__ void add_k(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = a[i] + b[i];
+}
+
+__global__ void scale_k(float* x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
 }
 
 __global__ void to_bf16_k(const float* x, int64_t n, uint16_t* y) {
@@ -317,6 +323,12 @@ void add(const float* a, const float* b, float* out, int64_t n) {
 }
 
 void add_inplace(float* y, const float* x, int64_t n) { add(y, x, y, n); }
+
+void scale_inplace(float* x, int64_t n, float s) {
+  if (n <= 0) return;
+  scale_k<<<grid(n), kThreads, 0, stream()>>>(x, n, s);
+  TITAN_CUDA_LAUNCHED("scale_inplace");
+}
 
 void to_bf16(const float* x, int64_t n, uint16_t* y) {
   if (n <= 0) return;
