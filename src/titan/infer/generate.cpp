@@ -251,6 +251,7 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
   bo.loss_chunks = 1;
   bo.init = false;
   bo.ac = models::AcPolicy::from_config("full", "");
+  bo.device = cfg.training.device;  // the model, its key/value cache and logits there
   std::unique_ptr<models::Model> m = models::build_model(cfg, bo);
   const bool hf = cfg.checkpoint.initial_load_path.empty() || cfg.checkpoint.initial_load_in_hf;
   ckpt::load_model_and_adapter(*m,

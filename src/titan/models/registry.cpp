@@ -7,6 +7,7 @@
 #include "titan/core/error.h"
 #include "titan/models/lora.h"
 #include "titan/models/qwen3/spec.h"
+#include "titan/ops/device.h"
 #include "titan/plugin/registry.h"
 
 namespace titan::models {
@@ -92,6 +93,7 @@ LoraOptions lora_options(const config::JobConfig& cfg, uint64_t seed) {
 }
 
 std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOptions& opt) {
+  ops::check_device(opt.device);
   const ModelSpec& spec = model_spec(cfg.model.name);
   auto tree = overridden_module_tree(cfg, opt.seq_len, opt.log_overrides);
   const bool lora = cfg.lora.rank > 0 || !cfg.lora.adapter_path.empty();

@@ -1,5 +1,7 @@
 #include "titan/ops/device.h"
 
+#include "titan/core/error.h"
+#include "titan/ops/backend.h"
 #ifdef TITAN_HAVE_CUDA
 #include "titan/ops/cuda/cuda_ops.h"
 #endif
@@ -33,5 +35,23 @@ void select_cuda_device(int) {}
 bool device_memory(const std::string&, int64_t*, int64_t*) { return false; }
 double device_gemm_flops(const std::string&, bool) { return 0.0; }
 #endif
+
+void check_device(const std::string& device) {
+  if (device == "cuda") {
+    std::string why;
+    const bool usable = ops::cuda_usable(&why);
+    check(usable, "training.device cuda: " + why);
+  } else if (device != "cpu") {  // another device: one with a registered backend
+    std::string devices;
+    bool known = false;
+    for (const std::string& b : ops::registered_backends()) {
+      const std::string d = b.substr(0, b.find('/'));
+      known |= d == device;
+      if (devices.find(d) == std::string::npos) devices += (devices.empty() ? "" : ", ") + d;
+    }
+    check(known, "training.device '" + device + "' is not a known device; use cpu or cuda (" +
+                     "devices with kernels here: " + devices + ")");
+  }
+}
 
 }  // namespace titan::ops

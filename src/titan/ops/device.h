@@ -12,6 +12,10 @@ bool cuda_built();
 bool cuda_usable(std::string* why);
 // "NVIDIA H200, sm_90, 139.8 GiB" (cuda_usable() must be true).
 std::string cuda_device();
+// Whether `device` can compute here: cpu; cuda when titan was built with it and a GPU is visible;
+// another name when a backend is registered for it. Throws titan::Error (one line, naming
+// training.device: why, or the devices there are) otherwise.
+void check_device(const std::string& device);
 // One process per GPU: GPU index % (visible GPUs) becomes this process's (before any allocation).
 void select_cuda_device(int index);
 

@@ -59,6 +59,7 @@ EvalResult evaluate(const config::JobConfig& cfg) {
     o.seq_len = S;
     o.loss_chunks = c.loss.num_chunks;
     o.init = false;
+    o.device = c.training.device;  // forward passes run there too
     std::unique_ptr<models::Model> m = models::build_model(c, o);
     load_weights(*m, c);
     return m;

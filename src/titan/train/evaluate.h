@@ -14,7 +14,8 @@ struct EvalResult {
 // Hugging Face directory model.hf_assets_path. With eval.tokens_path: a safetensors file holding
 // input_ids [B,S] (I64 or I32) and optionally labels [B,S] (Hugging Face convention: position t
 // predicts labels[t+1]; -100 ignored; default labels = input_ids); eval.logits_out then receives
-// input_ids and logits [B,S,V] (F32). Without it: eval.steps batches of the dataset.
+// input_ids and logits [B,S,V] (F32). Without it: eval.steps batches of the dataset. The model
+// computes on training.device.
 EvalResult evaluate(const config::JobConfig& cfg);
 
 }  // namespace titan::train

@@ -102,21 +102,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   ckpt::check_dump_folder(cfg_);
   config::validate(cfg_);
   const std::string& device = cfg_.training.device;
-  if (device == "cuda") {
-    std::string why;
-    const bool usable = ops::cuda_usable(&why);
-    check(usable, "training.device cuda: " + why);
-  } else if (device != "cpu") {  // another device: one with a registered backend
-    std::string devices;
-    bool known = false;
-    for (const std::string& b : ops::registered_backends()) {
-      const std::string d = b.substr(0, b.find('/'));
-      known |= d == device;
-      if (devices.find(d) == std::string::npos) devices += (devices.empty() ? "" : ", ") + d;
-    }
-    check(known, "training.device '" + device + "' is not a known device; use cpu or cuda (" +
-                     "devices with kernels here: " + devices + ")");
-  }
+  ops::check_device(device);
   models::validate_model_config(cfg_);
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
   if (device != "cpu" && dist::world().size() > 1) {  // one process per GPU, gradients on NCCL

@@ -514,13 +514,22 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
   call_rope(l, true, s.kr, b, Hkv, KV);
   if (cached) {  // generation: append the new keys and values, attend to the cache
     const Cached& c = *cached;
+    const size_t row = sizeof(float) * static_cast<size_t>(KV);
     for (int64_t t = 0; t < T; ++t) {
-      std::copy_n(s.kr + t * KV, KV, c.k + c.row[t] * KV);
-      std::copy_n(s.qkv + t * QKV + Q + KV, KV, c.v + c.row[t] * KV);
-      c.kp[t] = c.k + c.seq_row[t] * KV;
+      be_.copy(c.k + c.row[t] * KV, s.kr + t * KV, row);
+      be_.copy(c.v + c.row[t] * KV, s.qkv + t * QKV + Q + KV, row);
+      c.kp[t] = c.k + c.seq_row[t] * KV;  // addresses in the model's memory, made here
       c.vp[t] = c.v + c.seq_row[t] * KV;
     }
-    be_.attention_cached(s.qr, Q, c.kp, c.vp, c.n_keys, KV, T, Hq, Hkv, d, as.scale, s.o);
+    const float* const* kp = c.kp;
+    const float* const* vp = c.vp;
+    if (c.kv_dev) {  // the pointer arrays where the kernel reads them
+      be_.copy(c.kv_dev, c.kp, sizeof(float*) * static_cast<size_t>(T));
+      be_.copy(c.kv_dev + T, c.vp, sizeof(float*) * static_cast<size_t>(T));
+      kp = c.kv_dev;
+      vp = c.kv_dev + T;
+    }
+    be_.attention_cached(s.qr, Q, kp, vp, c.n_keys, KV, T, Hq, Hkv, d, as.scale, s.o);
   } else {
     be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
   }
@@ -842,10 +851,17 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
 namespace {
 class Qwen3KvCache final : public models::KvCache {
  public:
-  Qwen3KvCache(int64_t layers, int64_t n_seq, int64_t max_len, int64_t kv_dim)
-      : n_seq_(n_seq), cap_(max_len), len_(static_cast<size_t>(n_seq), 0) {
-    k_.resize(layers * n_seq * max_len * kv_dim);
-    v_.resize(layers * n_seq * max_len * kv_dim);
+  Qwen3KvCache(int64_t layers, int64_t n_seq, int64_t max_len, int64_t kv_dim,
+               const DeviceMemory& mem)
+      : n_seq_(n_seq), cap_(max_len), len_(static_cast<size_t>(n_seq), 0), mem_(mem) {
+    k_.resize(layers * n_seq * max_len * kv_dim, mem);
+    v_.resize(layers * n_seq * max_len * kv_dim, mem);
+  }
+  // Off the CPU: device arrays for n new tokens' key counts and key/value pointers.
+  void reserve(int64_t n) {
+    if (n_keys_.size() >= n) return;
+    n_keys_.resize(n, mem_);
+    ptrs_.resize(2 * n, mem_);
   }
   int64_t sequences() const override { return n_seq_; }
   int64_t capacity() const override { return cap_; }
@@ -854,25 +870,26 @@ class Qwen3KvCache final : public models::KvCache {
 
   int64_t n_seq_, cap_;
   std::vector<int64_t> len_;
+  DeviceMemory mem_;
   Buffer<float> k_, v_;  // [layers, n_seq, max_len, kv_dim]
+  Buffer<int32_t> n_keys_;
+  Buffer<const float*> ptrs_;
 };
 }  // namespace
 
 std::unique_ptr<models::KvCache> Qwen3Model::new_kv_cache(int64_t n_seq, int64_t max_len) {
   check(!tp_.active(), "generation runs on a whole model, not a tensor-parallel slice");
-  check(!dev_, "generation runs on the CPU only (this model computes on " + be_.device + ")");
   check(n_seq >= 1 && max_len >= 1, "a key/value cache needs at least one sequence and token");
   check(max_len <= max_seq_, "a key/value cache of " + std::to_string(max_len) +
                                  " tokens per sequence exceeds the model's positions (built for " +
                                  std::to_string(max_seq_) + ")");
-  return std::make_unique<Qwen3KvCache>(a_.n_layers, n_seq, max_len, a_.kv_dim());
+  return std::make_unique<Qwen3KvCache>(a_.n_layers, n_seq, max_len, a_.kv_dim(), mem_);
 }
 
 int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, const int32_t* seq,
                                    int64_t n, float* logits) {
   auto* c = dynamic_cast<Qwen3KvCache*>(&kc);
   check(c, "forward_cached: the cache was not made by this model");
-  check(!dev_, "generation runs on the CPU only (this model computes on " + be_.device + ")");
   check(n >= 1 && n <= max_tokens_, "forward_cached: " + std::to_string(n) +
                                         " new tokens; at most " + std::to_string(max_tokens_) +
                                         " per call");
@@ -902,11 +919,20 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
     }
     last[static_cast<size_t>(r)] = static_cast<int64_t>(i);
   }
-  const Batch b{1, n, tokens, nullptr, pos.data()};
+  params_buf_.sync_device();
+  const Batch b = device_batch({1, n, tokens, nullptr, pos.data()});
+  const int32_t* keys = n_keys.data();
+  const float** kv_dev = nullptr;
+  if (dev_) {
+    c->reserve(n);
+    be_.copy(c->n_keys_.data(), n_keys.data(), sizeof(int32_t) * T);
+    keys = c->n_keys_.data();
+    kv_dev = c->ptrs_.data();
+  }
   const float* P = params_buf_.data();
   if (hooks_) hooks_->begin_pass(false);
   acquire(0, false);
-  be_.embedding_fwd(tokens, n, P + tok_emb_, V, D, saved_[0].x);
+  be_.embedding_fwd(b.input, n, P + tok_emb_, V, D, saved_[0].x);
   release(0, false);
   const int64_t layer_rows = c->n_seq_ * cap * KV;
   for (int64_t l = 0; l < a_.n_layers; ++l) {
@@ -914,9 +940,10 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
                         c->v_.data() + l * layer_rows,
                         row.data(),
                         seq_row.data(),
-                        n_keys.data(),
+                        keys,
                         kp.data(),
-                        vp.data()};
+                        vp.data(),
+                        kv_dev};
     acquire(l + 1, false);
     layer_forward(l, b, l + 1 < a_.n_layers ? saved_[l + 1].x : h_final_, false, &cached);
     release(l + 1, false);
@@ -924,12 +951,15 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
   // The final norm and the lm_head of each sequence's last new token only.
   const auto R = static_cast<int64_t>(last.size());
   for (int64_t r = 0; r < R; ++r)
-    std::copy_n(h_final_ + last[static_cast<size_t>(r)] * D, D, tmp_ + r * D);
+    be_.copy(tmp_ + r * D, h_final_ + last[static_cast<size_t>(r)] * D, sizeof(float) * D);
   const int64_t head = a_.n_layers + 1;
   acquire(head, false);
   if (a_.tie_embeddings) acquire(0, false);
   be_.rmsnorm_fwd({R, 1, D, D, D}, tmp_, P + norm_, a_.norm_eps, xf_, rstd_f_);
-  linear(xf_, lm_head_, logits, R, D, V);
+  Buffer<float> dev_logits;  // off the CPU: computed there, then copied to the host's
+  if (dev_) dev_logits.resize(R * V, mem_);
+  linear(xf_, lm_head_, dev_ ? dev_logits.data() : logits, R, D, V);
+  if (dev_) be_.copy(logits, dev_logits.data(), sizeof(float) * static_cast<size_t>(R * V));
   release(head, false);
   if (a_.tie_embeddings) release(0, false);
   c->len_ = std::move(len);

@@ -34,8 +34,8 @@
 // pass) and the MoE layers' statistics (expert counts, auxiliary-loss sums, fetched once per
 // pass). The host keeps a copy of the weights (param_data(), models/model.h), the expert biases
 // (buffers(), sent before each pass) and the expert counts. The LinearHooks (LoRA) get device
-// pointers. Tensor and expert parallelism, the ParamHooks (FSDP) and generation run on the CPU
-// only: refused with one line.
+// pointers; generation keeps its key/value cache in device memory. Tensor and expert parallelism
+// and the ParamHooks (FSDP) run on the CPU only: refused with one line.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -128,7 +128,8 @@ class Qwen3Model final : public models::Model {
   void forward_logits(const Batch& b, float* out) override;
 
   // ---- generation (models::KvCache): keys and values after k_norm and RoPE, fp32, per layer
-  // [n_seq, max_len, kv_dim]; max_len at most the model's seq_len (its RoPE table). Each call of
+  // [n_seq, max_len, kv_dim] (in the model's memory); max_len at most the model's seq_len (its
+  // RoPE table). Each call of
   // forward_cached runs its tokens as one microbatch row (at most batch·seq_len tokens) through
   // the training forward's kernels, with attention_cached in place of attention_fwd (fp32 also
   // under bf16 mixed precision, where the GEMMs run on the bf16 weight copy as in training).
@@ -210,8 +211,9 @@ class Qwen3Model final : public models::Model {
     float *k, *v;            // this layer's cache, rows of kv_dim
     const int64_t* row;      // [T] the row of each new token (seq·max_len + position)
     const int64_t* seq_row;  // [T] the row of its sequence's position 0
-    const int32_t* n_keys;   // [T] position + 1
-    const float **kp, **vp;  // [T] scratch: the token's sequence's keys and values
+    const int32_t* n_keys;   // [T] position + 1 (in the model's memory)
+    const float **kp, **vp;  // [T] host scratch: the token's sequence's keys and values
+    const float** kv_dev;    // off the CPU: [2T] kp and vp copied to device memory
   };
   void layer_forward(int64_t l, const Batch& b, float* out, bool count,
                      const Cached* cached = nullptr);
