@@ -98,6 +98,24 @@ __device__ int32_t first_visible(const int32_t* seg, int64_t q0, int64_t rows) {
   return lo;
 }
 
+// The query side of the backward for queries [q0, q0 + rows) of head h in batch row b: q and
+// dout as bf16 tiles, their lse and delta, their segment starts (INT_MAX past S).
+template <int D>
+__device__ void load_query_side(const AttnShape& s, const float* q, const float* dout,
+                                const float* lse, const float* delta, const int32_t* seg, int64_t b,
+                                int64_t h, int64_t q0, int64_t rows, bf16* Qs, bf16* dOs, float* L,
+                                float* Dl, int32_t* seg_q) {
+  const int64_t row0 = b * s.S;
+  load_rows<D>(Qs, q, row0, q0, s.S, s.ldq, h * D);
+  load_rows<D>(dOs, dout, row0, q0, s.S, s.Hq * D, h * D);
+  if (threadIdx.x < kRows) {
+    const bool in = threadIdx.x < rows;
+    L[threadIdx.x] = in ? lse[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
+    Dl[threadIdx.x] = in ? delta[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
+    seg_q[threadIdx.x] = in ? seg[row0 + q0 + threadIdx.x] : INT_MAX;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     fwd_tc_k(AttnShape s, const float* q, const float* k, const float* v, const int32_t* seg,
@@ -210,19 +228,12 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int32_t kmin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * static_cast<int64_t>(kRows);
-  const int64_t g = h / (s.Hq / s.Hkv), row0 = b * s.S, ld_o = s.Hq * D;
+  const int64_t g = h / (s.Hq / s.Hkv), row0 = b * s.S;
   const int64_t rows = s.S - q0 < kRows ? s.S - q0 : kRows;
   float* Sw = Ss + warp * 16 * kLds;
   float* dPw = dPs + warp * 16 * kLds;
   bf16* dSw = dSs + warp * 16 * kLdp;
-  load_rows<D>(Qs, q, row0, q0, s.S, s.ldq, h * D);
-  load_rows<D>(dOs, dout, row0, q0, s.S, ld_o, h * D);
-  if (threadIdx.x < kRows) {
-    const bool in = threadIdx.x < rows;
-    L[threadIdx.x] = in ? lse[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
-    Dl[threadIdx.x] = in ? delta[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
-    seg_q[threadIdx.x] = in ? seg[row0 + q0 + threadIdx.x] : INT_MAX;
-  }
+  load_query_side<D>(s, q, dout, lse, delta, seg, b, h, q0, rows, Qs, dOs, L, Dl, seg_q);
   if (threadIdx.x == 0) kmin = first_visible(seg + row0, q0, rows);
   FragC acc[D / 16];
 #pragma unroll
@@ -281,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int32_t seg_q[kRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.z, g = blockIdx.y, k0 = blockIdx.x * static_cast<int64_t>(kRows);
-  const int64_t rep = s.Hq / s.Hkv, row0 = b * s.S, ld_o = s.Hq * D;
+  const int64_t rep = s.Hq / s.Hkv, row0 = b * s.S;
   const int64_t keys = s.S - k0 < kRows ? s.S - k0 : kRows;
   float* Sw = Ss + warp * 16 * kLds;
   float* dPw = dPs + warp * 16 * kLds;
@@ -299,14 +310,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t q0 = k0; q0 < s.S; q0 += kRows) {
       const int64_t rows = s.S - q0 < kRows ? s.S - q0 : kRows;
       __syncthreads();  // every warp is done with the previous query tile
-      load_rows<D>(Qs, q, row0, q0, s.S, s.ldq, h * D);
-      load_rows<D>(dOs, dout, row0, q0, s.S, ld_o, h * D);
-      if (threadIdx.x < kRows) {
-        const bool in = threadIdx.x < rows;
-        L[threadIdx.x] = in ? lse[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
-        Dl[threadIdx.x] = in ? delta[(b * s.Hq + h) * s.S + q0 + threadIdx.x] : 0.0f;
-        seg_q[threadIdx.x] = in ? seg[row0 + q0 + threadIdx.x] : INT_MAX;
-      }
+      load_query_side<D>(s, q, dout, lse, delta, seg, b, h, q0, rows, Qs, dOs, L, Dl, seg_q);
       __syncthreads();
       rows_times_rows_t<D>(Ks + warp * 16 * Ld<D>::h, Qs, Sw);
       rows_times_rows_t<D>(Vs + warp * 16 * Ld<D>::h, dOs, dPw);
