@@ -473,15 +473,15 @@ TEST(CliBadInput, MessagesSayWhatIsWrong) {
 }
 
 // training.device: an unknown device; cuda where it cannot run (no CUDA build, no GPU: CUDA's
-// reason), and with a GPU what runs on the CPU only (LoRA's dropout), one line each, exit 1.
+// reason), and with a GPU a plugin op without a CUDA kernel, one line each, exit 1.
 TEST(CliBadInput, DeviceCudaSaysWhyNot) {
   expect_error("train --config qwen3_debugmodel --training.device tpu",
                "training.device 'tpu' is not a known device; use cpu or cuda");
   std::string why;
   if (titan::ops::cuda_usable(&why)) {
-    expect_error(
-        "train --config qwen3_debugmodel --training.device cuda --lora.rank 4 --lora.dropout 0.1",
-        "lora.dropout on cuda is not implemented");
+    expect_error("train --config qwen3_debugmodel_moe --training.device cuda --override.imports " +
+                     std::string(TITAN_PLUGIN_DIR) + "/libtitan_token_experts.so",
+                 "'token_experts' is registered for cuda/");
     return;
   }
   const Result r = titan("train --config qwen3_debugmodel --training.device cuda");

@@ -58,10 +58,6 @@ std::string strip_weight(const std::string& key) {
 LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool allocate)
     : base_(std::move(base)), o_(o), be_(ops::backend(base_->device(), "float32")) {
   check(o.rank > 0, "lora.rank must be positive");
-  check(o.dropout <= 0 || base_->device() == "cpu",
-        "lora.dropout on " + base_->device() +
-            " is not implemented (its masks are drawn on the host); set --lora.dropout 0 or use "
-            "--training.device cpu");
   scale_ = static_cast<float>(o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.rank))
                                            : o.alpha / static_cast<double>(o.rank));
   leaves_ = lora_target_leaves(o.target_modules);
@@ -173,9 +169,7 @@ const std::vector<std::pair<size_t, int64_t>>& LoraModel::block(int64_t w, int64
 const float* LoraModel::dropped(size_t i, const float* x, int64_t M, int64_t in) {
   if (!training_ || o_.dropout <= 0) return x;
   grow(&xd_, M * in);
-  const float keep = static_cast<float>(1.0 / (1.0 - o_.dropout));
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < M * in; ++k) xd_[k] = kept(i, k) ? x[k] * keep : 0.0f;
+  be_.dropout(x, xd_.data(), M * in, o_.seed, mask_stream(i), o_.dropout);
   return xd_.data();
 }
 
@@ -213,11 +207,7 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
       be_.gemm(false, false, M, in, r, du_.data(), r, P + a.a, in, dx, in, true);  // dx += du·A
     } else {  // through the dropout: the same mask, recomputed
       be_.gemm(false, false, M, in, r, du_.data(), r, P + a.a, in, xd_.data(), in, false);
-      const float keep = static_cast<float>(1.0 / (1.0 - o_.dropout));
-      const auto ai = i;  // a structured binding cannot be named inside an OpenMP region (clang)
-#pragma omp parallel for schedule(static)
-      for (int64_t k = 0; k < M * in; ++k)
-        if (kept(ai, k)) dx[k] += xd_[k] * keep;
+      be_.dropout_add(xd_.data(), dx, M * in, o_.seed, mask_stream(i), o_.dropout);
     }
   }
 }

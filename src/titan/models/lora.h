@@ -24,7 +24,7 @@
 // "base_model.model.<HF module>.lora_A.weight" / ".lora_B.weight" and adapter_config.json.
 // On a base built for a device (Model::device()), the adapters, their gradients and scratch live
 // in that device's memory too and run on its fp32 kernels (param_data(): the host copy of
-// models/model.h); dropout (its masks drawn on the host) is refused there.
+// models/model.h); the dropout masks are drawn there too (ops::dropout, the same bits).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -140,12 +140,9 @@ class LoraModel final : public Model, public LinearHooks {
   const std::vector<std::pair<size_t, int64_t>>& block(int64_t w, int64_t in, int64_t out);
   // x, or its dropout (into xd_) for adapter i while training.
   const float* dropped(size_t i, const float* x, int64_t M, int64_t in);
-  // Whether element k of adapter i's input survives this pass's dropout (the one mask of the
-  // forward, its recomputation and the backward).
-  bool kept(size_t i, int64_t k) const {
-    return uniform_open(random_u64(o_.seed, (pass_ << 20) + i, static_cast<uint64_t>(k))) >=
-           o_.dropout;
-  }
+  // The dropout masks' stream of adapter i in this pass (ops::dropout: one mask for the forward,
+  // its recomputation and the backward).
+  uint64_t mask_stream(size_t i) const { return (pass_ << 20) + i; }
   void grow(Buffer<float>* v, int64_t n) {  // in the device's memory
     if (v->size() < n) v->resize(n, be_.memory());
   }

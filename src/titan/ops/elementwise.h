@@ -56,6 +56,13 @@ void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
 
+// ---- Inverted dropout with counter-based masks (LoRA's): element k is kept iff
+// uniform_open(random_u64(seed, stream, k)) >= p (core/rng.h), kept values scaled by
+// keep = float(1 / (1 − p)). dropout: y[k] = kept ? x[k]·keep : 0. dropout_add (its backward
+// into an accumulating gradient): y[k] += x[k]·keep where kept, y[k] untouched elsewhere.
+void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
+void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
+
 // ---- bf16 rounding of activations for the mixed-precision GEMMs: y[i] = bf16(x[i]) (raw bit
 // pattern), round to nearest even, NaN kept quiet with its sign, ±inf kept; bitwise the same as
 // core/dtype.h's f32_to(DType::BF16, ...), parallel and vectorized.

@@ -4,7 +4,8 @@
 // GEMMs are checked against a double-precision product (the oneDNN GEMM is not built into this
 // program, which must build where only the CUDA toolkit is). Tolerances, as max |gpu − reference| /
 // max |reference| unless said:
-//   exact (0): embedding fwd/bwd, rope, add, to_bf16, clip, rmsnorm_bwd's dw (same products,
+//   exact (0): embedding fwd/bwd, rope, add, scale, dropout (the same counter-based masks),
+//     to_bf16, clip, rmsnorm_bwd's dw (same products,
 //     same summation order, no FMA contraction on either side);
 //   2e-6: rmsnorm_fwd y, rstd and rmsnorm_bwd dx (the sum of squares reduced in another order);
 //   2e-6: swiglu (CUDA's expf against the CPU's polynomial exp, each within ~2 ulp);
@@ -190,6 +191,14 @@ void test_rope_swiglu_add() {
   ops::scale_inplace(a.data(), n, 0.37f);
   cu::scale_inplace(d_a.p, n, 0.37f);
   report("scale_inplace", rel_diff(d_a.host(), a), 0);
+  std::vector<float> dropped(n);  // LoRA's dropout: the same counter-based masks
+  Dev<float> d_dropped(n);
+  ops::dropout(a.data(), dropped.data(), n, 42, (3ull << 20) + 5, 0.1);
+  cu::dropout(d_a.p, d_dropped.p, n, 42, (3ull << 20) + 5, 0.1);
+  report("dropout", rel_diff(d_dropped.host(), dropped), 0);
+  ops::dropout_add(b.data(), a.data(), n, 42, (3ull << 20) + 5, 0.1);
+  cu::dropout_add(d_b.p, d_a.p, n, 42, (3ull << 20) + 5, 0.1);
+  report("dropout_add", rel_diff(d_a.host(), a), 0);
   a[5] = NAN;
   a[6] = INFINITY;
   a[7] = -0.0f;

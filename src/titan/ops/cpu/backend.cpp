@@ -43,6 +43,8 @@ Backend cpu_backend() {
   b.add = ops::add;
   b.add_inplace = ops::add_inplace;
   b.scale_inplace = ops::scale_inplace;
+  b.dropout = ops::dropout;
+  b.dropout_add = ops::dropout_add;
   b.gemm = ops::gemm;
   b.linear_fwd = ops::linear_fwd;
   b.linear_bwd = ops::linear_bwd;

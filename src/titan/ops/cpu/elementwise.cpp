@@ -8,6 +8,7 @@
 #include <string>
 
 #include "titan/core/error.h"
+#include "titan/core/rng.h"
 #include "titan/ops/rope_op.h"
 #include "titan/ops/simd.h"
 
@@ -204,6 +205,21 @@ void add_inplace(float* y, const float* x, int64_t n) { add(y, x, y, n); }
 
 void scale_inplace(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p) {
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < n; ++k)
+    y[k] =
+        uniform_open(random_u64(seed, stream, static_cast<uint64_t>(k))) >= p ? x[k] * keep : 0.0f;
+}
+
+void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p) {
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < n; ++k)
+    if (uniform_open(random_u64(seed, stream, static_cast<uint64_t>(k))) >= p) y[k] += x[k] * keep;
 }
 
 namespace {

@@ -81,6 +81,9 @@ void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t
 void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
+// The masks of core/rng.h's random_u64 computed on the device (the same bits as the CPU's).
+void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
+void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
 void to_bf16(const float* x, int64_t n, uint16_t* y);
 
 // ---- attention.h (ops/cuda/attention.cu: FlashAttention-2's tiling on CUDA cores, d <= 256;

@@ -8,11 +8,13 @@
 //   rope_table     cos_sin[max_pos, d] with the CPU's formula; first_bad_position read back
 //   rope_fwd/bwd   rotate halves (x1, x2) of each head by the position's (cos, sin); bwd by −sin
 //   swiglu_fwd     g[T,F] = silu(a)·b for ab[T, 2F] = [a | b];  swiglu_bwd its backward
-//   add, add_inplace, scale_inplace, to_bf16 (round to nearest even; NaN stays a quiet NaN)
+//   add, add_inplace, scale_inplace, dropout / dropout_add (core/rng.h's counter-based masks,
+//   the same bits), to_bf16 (round to nearest even; NaN stays a quiet NaN)
 // Compiled with --fmad=false: each product and sum rounds as on the CPU (elementwise.cpp is
 // built with -ffp-contract=off), so only reductions (the norms' sums of squares) differ in order.
 #include <cub/device/device_radix_sort.cuh>
 
+#include "titan/core/rng.h"
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/cuda/runtime.h"
 #include "titan/ops/rope_op.h"
@@ -160,6 +162,33 @@ __global__ void scale_k(float* x, int64_t n, float s) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] *= s;
+}
+
+// core/rng.h's splitmix64 / random_u64 / uniform_open on the device (integer and double
+// arithmetic: the same values as the host's).
+__device__ uint64_t splitmix64_d(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__device__ bool kept(uint64_t base, uint64_t k, double p) {  // base = splitmix(seed ^ ...)
+  const uint64_t bits = splitmix64_d(base + k);
+  return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0) >= p;
+}
+
+template <bool Add>
+__global__ void dropout_k(const float* x, float* y, int64_t n, uint64_t base, double p,
+                          float keep) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool k = kept(base, static_cast<uint64_t>(i), p);
+    if constexpr (Add) {
+      if (k) y[i] += x[i] * keep;
+    } else {
+      y[i] = k ? x[i] * keep : 0.0f;
+    }
+  }
 }
 
 __global__ void to_bf16_k(const float* x, int64_t n, uint16_t* y) {
@@ -328,6 +357,26 @@ void scale_inplace(float* x, int64_t n, float s) {
   if (n <= 0) return;
   scale_k<<<grid(n), kThreads, 0, stream()>>>(x, n, s);
   TITAN_CUDA_LAUNCHED("scale_inplace");
+}
+
+namespace {
+template <bool Add>
+void run_dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t s, double p) {
+  if (n <= 0) return;
+  // random_u64(seed, s, k) = splitmix64(base + k): the per-stream part once, on the host
+  const uint64_t base = splitmix64(seed ^ splitmix64(s + 0x632BE59BD9B4E019ull));
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+  dropout_k<Add><<<grid(n), kThreads, 0, stream()>>>(x, y, n, base, p, keep);
+  TITAN_CUDA_LAUNCHED(Add ? "dropout_add" : "dropout");
+}
+}  // namespace
+
+void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p) {
+  run_dropout<false>(x, y, n, seed, stream, p);
+}
+
+void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p) {
+  run_dropout<true>(x, y, n, seed, stream, p);
 }
 
 void to_bf16(const float* x, int64_t n, uint16_t* y) {
