@@ -9,6 +9,7 @@
 #     (falling loss, tokens/s, MFU), Qwen3-1.7B in bf16 at seq 4096 (MFU against the H200's peak
 #     and the GEMM probe), and PyTorch + Transformers on the same model and GPU
 #     (tools/bench_torch.py --device cuda, eager and torch.compile) when they are installed;
+# (TITAN_GPU_CHECK_SANITIZE=1 adds compute-sanitizer memcheck and racecheck of the kernel test)
 # and writes a summary. usage: scripts/gpu-check.sh [OUT_DIR] (default: $OUT, else
 # ./gpu-check-out); exits non-zero when the build or a check fails. About 1 minute for part 1
 # and 4-6 for part 2 on 16 cores.
@@ -71,6 +72,24 @@ case $rc in
   77) echo "result: no GPU visible; nothing ran" | tee -a "$summary" ;;
   *) echo "result: FAILED (exit $rc)" | tee -a "$summary" ;;
 esac
+# TITAN_GPU_CHECK_SANITIZE=1: the kernel test again under compute-sanitizer's memcheck and
+# racecheck (out-of-bounds and shared-memory races; several minutes, so not by default).
+if [ "${TITAN_GPU_CHECK_SANITIZE:-0}" = 1 ] && [ $rc != 77 ]; then
+  sanitizer=$(command -v compute-sanitizer || true)
+  for c in "$(dirname "$nvcc")/compute-sanitizer" "$(dirname "$(dirname "$nvcc")")/compute-sanitizer/compute-sanitizer"; do
+    [ -z "$sanitizer" ] && [ -x "$c" ] && sanitizer=$c
+  done
+  [ -n "$sanitizer" ] || echo "compute-sanitizer: skipped (not installed with this toolkit)" | tee -a "$summary"
+  for tool in ${sanitizer:+memcheck racecheck}; do
+    if timeout 600 "$sanitizer" --tool $tool --error-exitcode 3 "$build/titan_cuda_kernels_test" \
+         >"$out/sanitizer-$tool.log" 2>&1; then
+      echo "compute-sanitizer $tool: no errors" | tee -a "$summary"
+    else
+      echo "compute-sanitizer $tool: FAILED ($(grep -c '=========' "$out/sanitizer-$tool.log") report lines in sanitizer-$tool.log)" | tee -a "$summary"
+      rc=1
+    fi
+  done
+fi
 # H200 dense bf16 peak (SXM): 989.4 TFLOP/s; the probe's rate as a fraction of it.
 awk '/probe: cuBLASLt bf16/ {printf "bf16 GEMM probe: %.1f%% of the H200 dense bf16 peak (989.4 TFLOP/s)\n", 100*$(NF-1)/989.4}' \
   "$summary" | tee -a "$summary"
