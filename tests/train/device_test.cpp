@@ -212,9 +212,13 @@ TEST(DeviceTraining, CheckpointsResumeOnTheDeviceAndOnTheCpu) {
 
 // The host copy of the weights: written on the host, used by the next pass; changed by the
 // optimizer on the device, fetched when read. And the logits come back to the host.
-// The model of c and o on the CPU and on hostdev (the same seeded init).
+// The model of c for one row of seq_len tokens on the CPU and on hostdev (the same seeded init).
 std::pair<std::unique_ptr<models::Model>, std::unique_ptr<models::Model>> cpu_and_device(
-    const config::JobConfig& c, models::BuildOptions o) {
+    const config::JobConfig& c, int64_t seq_len, uint64_t seed) {
+  models::BuildOptions o;
+  o.batch = 1;
+  o.seq_len = seq_len;
+  o.seed = seed;
   auto cpu = models::build_model(c, o);
   o.device = "hostdev";
   return {std::move(cpu), models::build_model(c, o)};
@@ -223,11 +227,7 @@ std::pair<std::unique_ptr<models::Model>, std::unique_ptr<models::Model>> cpu_an
 TEST(DeviceModel, HostCopyOfTheWeightsFollowsBothSides) {
   register_hostdev();
   config::JobConfig c = job("hostdev", false, false);
-  models::BuildOptions o;
-  o.batch = 1;
-  o.seq_len = 8;
-  o.seed = 3;
-  auto [cpu, dev] = cpu_and_device(c, o);
+  auto [cpu, dev] = cpu_and_device(c, 8, 3);
   EXPECT_EQ(dev->device(), "hostdev");
   EXPECT_EQ(cpu->device(), "cpu");
   const std::vector<int32_t> ids = {1, 5, 9, 200, 3, 7, 11, 13}, pos = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -255,11 +255,7 @@ TEST(DeviceModel, HostCopyOfTheWeightsFollowsBothSides) {
 TEST(DeviceModel, GenerationGivesTheCpuLogits) {
   register_hostdev();
   config::JobConfig c = job("hostdev", true, false);
-  models::BuildOptions o;
-  o.batch = 1;
-  o.seq_len = 16;
-  o.seed = 5;
-  auto [cpu, dev] = cpu_and_device(c, o);
+  auto [cpu, dev] = cpu_and_device(c, 16, 5);
   auto kc = cpu->new_kv_cache(2, 16), kd = dev->new_kv_cache(2, 16);
   const int64_t V = cpu->vocab_size();
   std::vector<int32_t> tok = {3, 7, 11, 13, 17}, seq = {0, 0, 0, 1, 1};

@@ -485,7 +485,8 @@ models::Batch Qwen3Model::device_batch(const Batch& b) {
 
 void Qwen3Model::fetch_counts() {
   const int64_t E = a_.num_experts;
-  std::vector<double> c(static_cast<size_t>(counts_dev_.size()));
+  std::vector<double>& c = counts_host_;  // sized once
+  c.resize(static_cast<size_t>(counts_dev_.size()));
   be_.copy(c.data(), counts_dev_.data(), sizeof(double) * c.size());
   counts_dev_.zero();
   for (size_t m = 0; m < load_.size(); ++m)
@@ -857,8 +858,10 @@ class Qwen3KvCache final : public models::KvCache {
     k_.resize(layers * n_seq * max_len * kv_dim, mem);
     v_.resize(layers * n_seq * max_len * kv_dim, mem);
   }
-  // Off the CPU: device arrays for n new tokens' key counts and key/value pointers.
-  void reserve(int64_t n) {
+  // Off the CPU: device arrays for n new tokens' key counts and key/value pointers, and for
+  // the logits of one step (a row per sequence).
+  void reserve(int64_t n, int64_t vocab) {
+    if (logits_.size() < n_seq_ * vocab) logits_.resize(n_seq_ * vocab, mem_);
     if (n_keys_.size() >= n) return;
     n_keys_.resize(n, mem_);
     ptrs_.resize(2 * n, mem_);
@@ -874,6 +877,7 @@ class Qwen3KvCache final : public models::KvCache {
   Buffer<float> k_, v_;  // [layers, n_seq, max_len, kv_dim]
   Buffer<int32_t> n_keys_;
   Buffer<const float*> ptrs_;
+  Buffer<float> logits_;
 };
 }  // namespace
 
@@ -924,7 +928,7 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
   const int32_t* keys = n_keys.data();
   const float** kv_dev = nullptr;
   if (dev_) {
-    c->reserve(n);
+    c->reserve(n, V);
     be_.copy(c->n_keys_.data(), n_keys.data(), sizeof(int32_t) * T);
     keys = c->n_keys_.data();
     kv_dev = c->ptrs_.data();
@@ -956,10 +960,9 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
   acquire(head, false);
   if (a_.tie_embeddings) acquire(0, false);
   be_.rmsnorm_fwd({R, 1, D, D, D}, tmp_, P + norm_, a_.norm_eps, xf_, rstd_f_);
-  Buffer<float> dev_logits;  // off the CPU: computed there, then copied to the host's
-  if (dev_) dev_logits.resize(R * V, mem_);
-  linear(xf_, lm_head_, dev_ ? dev_logits.data() : logits, R, D, V);
-  if (dev_) be_.copy(logits, dev_logits.data(), sizeof(float) * static_cast<size_t>(R * V));
+  // off the CPU: computed in the cache's scratch, then copied to the host's
+  linear(xf_, lm_head_, dev_ ? c->logits_.data() : logits, R, D, V);
+  if (dev_) be_.copy(logits, c->logits_.data(), sizeof(float) * static_cast<size_t>(R * V));
   release(head, false);
   if (a_.tie_embeddings) release(0, false);
   c->len_ = std::move(len);

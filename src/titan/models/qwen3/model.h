@@ -287,8 +287,9 @@ class Qwen3Model final : public models::Model {
   // loss's sums [2, E] (hits, Σ p) and its gradient w.r.t. p [E]
   Buffer<float> expert_bias_dev_, aux_dp_dev_;
   Buffer<double> counts_dev_, stats_dev_;
-  bool bf16_ = false;      // mixed precision: GEMMs on the bf16 weight copy
-  bool trainable_ = true;  // false: frozen, no gradients of the parameters
+  std::vector<double> counts_host_;  // fetch_counts' copy of counts_dev_
+  bool bf16_ = false;                // mixed precision: GEMMs on the bf16 weight copy
+  bool trainable_ = true;            // false: frozen, no gradients of the parameters
   models::LinearHooks* lin_hooks_ = nullptr;
   // The gradient of the parameter at offset `off`, or null when frozen.
   float* grad_at(int64_t off) { return trainable_ ? grads_buf_.data() + off : nullptr; }
