@@ -29,8 +29,7 @@ namespace {
 // and back: a device's kernel reads and writes its own memory.
 class Staging {
  public:
-  explicit Staging(const std::string& device)
-      : mem_(device == "cpu" ? DeviceMemory{} : ops::backend(device, "float32").memory()) {}
+  explicit Staging(const std::string& device) : mem_(ops::backend(device, "float32").memory()) {}
   template <typename T>
   T* put(const std::vector<T>& v) {
     T* p = zeros<T>(v.size());
