@@ -113,8 +113,8 @@ TEST(BackendTest, CpuBfloat16TableIsComplete) {
   Backend f = cpu_backend();
   EXPECT_TRUE(f.missing().empty());
   f.dtype = "bfloat16";
-  EXPECT_EQ(f.missing(), (std::vector<std::string>{"to_bf16", "linear_fwd_bf16", "linear_bwd_bf16",
-                                                   "lm_head_ce_bf16"}));
+  EXPECT_EQ(f.missing(), (std::vector<std::string>{"to_bf16", "from_bf16", "linear_fwd_bf16",
+                                                   "linear_bwd_bf16", "lm_head_ce_bf16"}));
 }
 
 TEST(BackendTest, RegisterRejectsIncompleteAndDuplicate) {

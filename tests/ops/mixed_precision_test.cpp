@@ -1,5 +1,6 @@
 // The mixed-precision kernels (bf16 GEMM inputs, fp32 accumulation):
-//   to_bf16: bitwise the same as core/dtype.h's f32_to(BF16) (round to nearest even, NaN, inf).
+//   to_bf16: bitwise the same as core/dtype.h's f32_to(BF16) (round to nearest even, NaN, inf);
+//   from_bf16: bitwise to_f32(BF16), so from_bf16(to_bf16(x)) is round_to_bf16(x).
 //   linear_fwd_bf16 / linear_bwd_bf16: against a double reference on the bf16-rounded operands
 //     (their definition: bf16 products are exact in fp32, so only fp32 accumulation over K <= 80
 //     terms differs: 1e-5 of the tensor's scale), and against the exact double reference of the
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -57,6 +59,10 @@ TEST(MixedPrecision, ToBf16IsBitwiseF32To) {
   EXPECT_EQ(got, bf16_of(x));
   EXPECT_EQ(got[8], 0x3f80);
   EXPECT_EQ(got[9], 0x3f82);
+  std::vector<float> wide(x.size()), want(x.size());
+  from_bf16(got.data(), static_cast<int64_t>(got.size()), wide.data());
+  to_f32(DType::BF16, got.data(), static_cast<int64_t>(got.size()), want.data());
+  EXPECT_EQ(std::memcmp(wide.data(), want.data(), 4 * wide.size()), 0);
 }
 
 TEST(MixedPrecision, LinearForwardAndBackward) {

@@ -76,6 +76,7 @@ std::vector<std::string> Backend::missing() const {
   need(expert_bias_update, "expert_bias_update");
   if (dtype == "bfloat16") {
     need(to_bf16, "to_bf16");
+    need(from_bf16, "from_bf16");
     need(linear_fwd_bf16, "linear_fwd_bf16");
     need(linear_bwd_bf16, "linear_bwd_bf16");
     need(lm_head_ce_bf16, "lm_head_ce_bf16");

@@ -73,6 +73,7 @@ struct Backend {
   // ---- mixed precision (required when dtype is "bfloat16": bf16 GEMM inputs, fp32 accumulation
   // and outputs; everything above stays fp32, as torchtitan keeps norms, softmax and the loss)
   decltype(&ops::to_bf16) to_bf16 = nullptr;                  // elementwise.h
+  decltype(&ops::from_bf16) from_bf16 = nullptr;              // (FSDP's bf16 gathers)
   decltype(&ops::linear_fwd_bf16) linear_fwd_bf16 = nullptr;  // gemm.h
   decltype(&ops::linear_bwd_bf16) linear_bwd_bf16 = nullptr;
   decltype(&ops::lm_head_ce_bf16) lm_head_ce_bf16 = nullptr;  // loss.h

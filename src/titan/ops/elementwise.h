@@ -67,5 +67,8 @@ void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t st
 // pattern), round to nearest even, NaN kept quiet with its sign, ±inf kept; bitwise the same as
 // core/dtype.h's f32_to(DType::BF16, ...), parallel and vectorized.
 void to_bf16(const float* x, int64_t n, uint16_t* y);
+// Its inverse on bf16 bit patterns: y[i] = the fp32 value of x[i] (exact: the bits shifted up);
+// FSDP widens a unit gathered in bf16 into the fp32 parameters with it (train/fsdp.h).
+void from_bf16(const uint16_t* x, int64_t n, float* y);
 
 }  // namespace titan::ops

@@ -5,7 +5,7 @@
 // program, which must build where only the CUDA toolkit is). Tolerances, as max |gpu − reference| /
 // max |reference| unless said:
 //   exact (0): embedding fwd/bwd, rope, add, scale, dropout (the same counter-based masks),
-//     to_bf16, clip, rmsnorm_bwd's dw (same products,
+//     to_bf16, from_bf16, clip, rmsnorm_bwd's dw (same products,
 //     same summation order, no FMA contraction on either side);
 //   2e-6: rmsnorm_fwd y, rstd and rmsnorm_bwd dx (the sum of squares reduced in another order);
 //   2e-6: swiglu (CUDA's expf against the CPU's polynomial exp, each within ~2 ulp);
@@ -208,6 +208,12 @@ void test_rope_swiglu_add() {
   ops::to_bf16(a.data(), n, h16.data());
   cu::to_bf16(d_a.p, n, d16.p);
   report("to_bf16 (NaN, inf, -0 included)", d16.host() != h16, 0);
+  std::vector<float> wide(n);
+  ops::from_bf16(h16.data(), n, wide.data());
+  cu::from_bf16(d16.p, n, d_a.p);
+  const std::vector<float> dwide = d_a.host();
+  report("from_bf16 (NaN, inf, -0 included)", std::memcmp(dwide.data(), wide.data(), 4 * n) != 0,
+         0);
 }
 
 // Columns [c0, c0 + n) of every row of a [rows, ld] matrix.

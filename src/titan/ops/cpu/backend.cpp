@@ -66,6 +66,7 @@ Backend cpu_bf16_backend() {
   Backend b = cpu_backend();
   b.dtype = "bfloat16";
   b.to_bf16 = ops::to_bf16;
+  b.from_bf16 = ops::from_bf16;
   b.linear_fwd_bf16 = ops::linear_fwd_bf16;
   b.linear_bwd_bf16 = ops::linear_bwd_bf16;
   b.lm_head_ce_bf16 = ops::lm_head_ce_bf16;

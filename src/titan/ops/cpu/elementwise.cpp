@@ -248,4 +248,14 @@ void to_bf16(const float* x, int64_t n, uint16_t* y) {
   }
 }
 
+void from_bf16(const uint16_t* x, int64_t n, float* y) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kChunk, m = std::min(kChunk, n - i0);
+    for (int64_t i = 0; i < m; ++i)
+      y[i0 + i] = std::bit_cast<float>(static_cast<uint32_t>(x[i0 + i]) << 16);
+  }
+}
+
 }  // namespace titan::ops

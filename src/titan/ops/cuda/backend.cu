@@ -43,6 +43,7 @@ Backend backend(bool bf16) {
   b.expert_bias_update = &cuda::expert_bias_update;
   if (bf16) {
     b.to_bf16 = &cuda::to_bf16;
+    b.from_bf16 = &cuda::from_bf16;
     b.linear_fwd_bf16 = &cuda::linear_fwd_bf16;
     b.linear_bwd_bf16 = &cuda::linear_bwd_bf16;
     b.lm_head_ce_bf16 = &cuda::lm_head_ce_bf16;

@@ -85,6 +85,7 @@ void scale_inplace(float* x, int64_t n, float s);
 void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
 void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
 void to_bf16(const float* x, int64_t n, uint16_t* y);
+void from_bf16(const uint16_t* x, int64_t n, float* y);
 
 // ---- attention.h (ops/cuda/attention.cu: FlashAttention-2's tiling on CUDA cores, d <= 256;
 // the workspace arguments are unused and may be null)

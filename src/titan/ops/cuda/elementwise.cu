@@ -9,7 +9,7 @@
 //   rope_fwd/bwd   rotate halves (x1, x2) of each head by the position's (cos, sin); bwd by −sin
 //   swiglu_fwd     g[T,F] = silu(a)·b for ab[T, 2F] = [a | b];  swiglu_bwd its backward
 //   add, add_inplace, scale_inplace, dropout / dropout_add (core/rng.h's counter-based masks,
-//   the same bits), to_bf16 (round to nearest even; NaN stays a quiet NaN)
+//   the same bits), to_bf16 (round to nearest even; NaN stays a quiet NaN), from_bf16
 // Compiled with --fmad=false: each product and sum rounds as on the CPU (elementwise.cpp is
 // built with -ffp-contract=off), so only reductions (the norms' sums of squares) differ in order.
 #include <cub/device/device_radix_sort.cuh>
@@ -189,6 +189,12 @@ __global__ void dropout_k(const float* x, float* y, int64_t n, uint64_t base, do
       y[i] = k ? x[i] * keep : 0.0f;
     }
   }
+}
+
+__global__ void from_bf16_k(const uint16_t* x, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
 }
 
 __global__ void to_bf16_k(const float* x, int64_t n, uint16_t* y) {
@@ -383,6 +389,12 @@ void to_bf16(const float* x, int64_t n, uint16_t* y) {
   if (n <= 0) return;
   to_bf16_k<<<grid(n), kThreads, 0, stream()>>>(x, n, y);
   TITAN_CUDA_LAUNCHED("to_bf16");
+}
+
+void from_bf16(const uint16_t* x, int64_t n, float* y) {
+  if (n <= 0) return;
+  from_bf16_k<<<grid(n), kThreads, 0, stream()>>>(x, n, y);
+  TITAN_CUDA_LAUNCHED("from_bf16");
 }
 
 }  // namespace titan::ops::cuda
