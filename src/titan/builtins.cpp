@@ -1,5 +1,8 @@
 // The one place that registers everything titan has built in: module config types of every
-// model, and the ops of every backend. Adding a model or a backend adds one line here.
+// model, the ops of every backend and the collectives of every device. Adding a model or a
+// backend adds one line here.
+#include "titan/dist/device_group.h"
+#include "titan/dist/nccl/nccl_group.h"
 #include "titan/models/module_types.h"
 #include "titan/models/qwen3/modules.h"
 #include "titan/ops/backend.h"
@@ -39,6 +42,17 @@ std::vector<Kernels> builtin_kernels() {
 }
 
 }  // namespace titan::optim
+
+namespace titan::dist {
+
+// The collectives over each device's memory (dist/device_group.h).
+std::vector<std::pair<std::string, DeviceGroupFactory>> builtin_device_groups() {
+  std::vector<std::pair<std::string, DeviceGroupFactory>> g;
+  if (nccl_built()) g.emplace_back("cuda", &nccl_group);
+  return g;
+}
+
+}  // namespace titan::dist
 
 namespace titan::plugin {
 

@@ -17,9 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "dist/run_util.h"
 #include "test_util.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/error.h"
+#include "titan/dist/communicator.h"
+#include "titan/dist/device_group.h"
 #include "titan/models/qwen3/model.h"
 #include "titan/models/qwen3/spec.h"
 #include "titan/models/registry.h"
@@ -208,6 +211,69 @@ TEST(DeviceTraining, CheckpointsResumeOnTheDeviceAndOnTheCpu) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// FSDP on a device (train/fsdp.h): masters, gradient shard and staging in its memory, the copies,
+// bf16 rounding and widening and gradient sums through its backend, the collectives over its
+// memory (dist/device_group.h; for hostdev, whose memory is the host's, an MPI group). The test
+// runs itself on 2 ranks under mpirun; each rank trains FSDP 2 on the CPU and then on hostdev and
+// expects the bits (fp32 and bf16 gathers, dense and MoE), and a sharded checkpoint the hostdev
+// run writes (masters and moments fetched) resumes on the CPU to the uninterrupted run's bits.
+TEST(DeviceTraining, FsdpOnTwoRanksGivesTheCpuRunsBits) {
+  const std::string name = "DeviceTraining.FsdpOnTwoRanksGivesTheCpuRunsBits";
+  const char* shared = std::getenv("TITAN_DEVICE_FSDP_DIR");
+  if (!shared) {  // the launcher
+    if (!dist_test::have_mpirun()) GTEST_SKIP() << "mpirun not found";
+    const std::string dir = titan::testing::fresh_temp_dir("device_fsdp");
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const auto r = dist_test::sh(dist_test::mpirun(2, "-x TITAN_DEVICE_FSDP_DIR=" + dir) + self +
+                                 " --gtest_color=no --gtest_filter=" + name);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(titan::testing::count_of(r.out, "[  PASSED  ] 1 test"), 2) << r.out;
+    std::filesystem::remove_all(dir);
+    return;
+  }
+  ASSERT_EQ(dist::world().size(), 2);
+  register_hostdev();
+  if (!dist::has_device_group("hostdev"))
+    dist::register_device_group("hostdev",
+                                [](dist::Communicator& h) { return h.split(0, h.rank()); });
+  auto fsdp_job = [](const std::string& device, bool moe, bool bf16) {
+    config::JobConfig c = job(device, moe, bf16);
+    c.parallelism.data_parallel_shard_degree = 2;
+    c.training.global_batch_size = 8;  // two microbatches per rank
+    return c;
+  };
+  Trained moe_bf16;
+  for (const auto& [moe, bf16] : {std::pair{false, false}, {false, true}, {true, true}}) {
+    const std::string what = std::string(moe ? "moe" : "dense") + (bf16 ? " bf16" : " fp32");
+    const int before = g_allocs;
+    const Trained cpu = train_steps(fsdp_job("cpu", moe, bf16), 4);
+    const Trained dev = train_steps(fsdp_job("hostdev", moe, bf16), 4);
+    EXPECT_GT(g_allocs, before) << what;
+    EXPECT_LT(cpu.loss[3], cpu.loss[0]) << what;
+    expect_same(cpu, dev, "FSDP " + what);
+    moe_bf16 = dev;
+  }
+  config::JobConfig c = fsdp_job("hostdev", true, true);
+  c.dump_folder = shared;
+  c.checkpoint.enable = true;
+  c.checkpoint.interval = 2;
+  c.checkpoint.last_save_model_only = false;
+  c.training.steps = 2;
+  {
+    Trainer t(c, titan::testing::fox_docs());
+    t.train();
+  }
+  c.training.device = "cpu";
+  c.training.steps = 4;
+  Trainer t(c, titan::testing::fox_docs());
+  ASSERT_EQ(t.current_step(), 2);
+  for (int i = 2; i < 4; ++i) {
+    const StepResult s = t.step();
+    EXPECT_EQ(s.loss, moe_bf16.loss[static_cast<size_t>(i)]) << "step " << i + 1;
+    EXPECT_EQ(s.grad_norm, moe_bf16.norm[static_cast<size_t>(i)]) << "step " << i + 1;
+  }
 }
 
 // The host copy of the weights: written on the host, used by the next pass; changed by the

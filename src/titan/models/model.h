@@ -157,7 +157,7 @@ class ParamHooks {
   // A forward pass begins; a backward of the same microbatch follows it or not (evaluation).
   virtual void begin_pass(bool /*backward_follows*/) {}
   // Unit u's parameters are about to be read, in the forward or (backward = true) in the backward
-  // (a recomputation included); they must be whole in param_data() when this returns.
+  // (a recomputation included); they must be whole in unit_param_data() when this returns.
   virtual void acquire(int64_t u, bool backward) = 0;
   // This pass is done with them (their last use in the forward, or in the backward). Returns
   // whether they were resharded (the model then drops what it derived from them: a compute copy).
@@ -217,9 +217,10 @@ class Model {
   virtual std::string device() const { return "cpu"; }
   virtual float* device_param_data() { return param_data(); }
   // The units (above), from params()' groups; and the writable parameters of unit u only (what
-  // the hooks gather into: a compute copy is remade for that unit alone).
+  // the hooks gather into: a compute copy is remade for that unit alone), in the memory the
+  // kernels read: off the CPU the device's (as device_param_data()).
   std::vector<ParamUnit> param_units() const;
-  virtual float* unit_param_data(int64_t /*u*/) { return param_data(); }
+  virtual float* unit_param_data(int64_t /*u*/) { return device_param_data(); }
   void set_param_hooks(ParamHooks* h) { hooks_ = h; }
   // Tensor parallelism: the model's slice (set at construction) and the collectives of its tp
   // group (models/tensor_parallel.h); a model built whole ignores them.

@@ -4,14 +4,17 @@
 #include <utility>
 
 #include "titan/core/cpu.h"
-#include "titan/core/dtype.h"
 #include "titan/core/error.h"
 
 namespace titan::train {
 
-Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& policy,
-           bool bf16_gather, dist::Communicator* expert_group)
-    : model_(model), bf16_(bf16_gather) {
+Fsdp::Fsdp(models::Model& model, const ops::Backend& be, dist::Communicator& group,
+           const std::string& policy, bool bf16_gather, dist::Communicator* expert_group)
+    : model_(model), be_(be), host_(be.memory().host()), bf16_(bf16_gather) {
+  check(be.device == model.device(),
+        "FSDP: the backend (" + be.device + ") is not the model's device (" + model.device() + ")");
+  check(!bf16_gather || (be.to_bf16 && be.from_bf16),
+        "FSDP: bf16 gathers need the backend's to_bf16 and from_bf16");
   check(policy == "default" || policy == "always" || policy == "never",
         "parallelism.fsdp_reshard_after_forward '" + policy + "' must be default, always or never");
   for (const auto& p : model.params()) tied_ = tied_ || p.alias;
@@ -59,8 +62,8 @@ Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& p
     }
   }
   first_piece_.push_back(pieces_.size());
-  master_.resize(shard_len_);
-  grad_shard_.resize(shard_len_);
+  master_.resize(shard_len_, be.memory());
+  grad_shard_.resize(shard_len_, be.memory());
   int64_t scratch = 0;  // one unit's reduce-scattered blocks, every piece's
   for (size_t i = 0; i + 1 < first_piece_.size(); ++i) {
     int64_t n = 0;
@@ -68,7 +71,18 @@ Fsdp::Fsdp(models::Model& model, dist::Communicator& group, const std::string& p
       n += (pieces_[k].len + pieces_[k].group->size() - 1) / pieces_[k].group->size();
     scratch = std::max(scratch, n);
   }
-  scratch_.resize(scratch);
+  scratch_.resize(scratch, be.memory());
+}
+
+void Fsdp::copy(float* dst, const float* src, int64_t n) const {
+  if (n > 0) be_.copy(dst, src, sizeof(float) * static_cast<size_t>(n));
+}
+
+void Fsdp::clear(float* p, int64_t n) const {
+  if (host_)
+    zero_and_release(p, n);
+  else if (n > 0)
+    be_.memset(p, 0, sizeof(float) * static_cast<size_t>(n));
 }
 
 void Fsdp::wait(dist::Request& r) {
@@ -88,16 +102,16 @@ void Fsdp::start_gather(Piece& u) {
     size_t k = 0;
     while (k < stages_.size() && stage_busy_[k]) ++k;
     if (k == stages_.size()) {
-      stages_.emplace_back(largest_unit_);
+      stages_.emplace_back().resize(largest_unit_, be_.memory());
       stage_busy_.push_back(false);
     }
     stage_busy_[k] = true;
     u.stage = static_cast<int>(k);
     uint16_t* s = stages_[k].data();
-    f32_to(DType::BF16, master_.data() + u.at, own, s + (u.own - u.begin));
+    if (own > 0) be_.to_bf16(master_.data() + u.at, own, s + (u.own - u.begin));
     u.gathering = u.group->all_gather_async(s, u.counts);
   } else {
-    std::copy_n(master_.data() + u.at, own, P + u.own);
+    copy(P + u.own, master_.data() + u.at, own);
     u.gathering = u.group->all_gather_async(P + u.begin, u.counts);
   }
   exposed_seconds_ += cpu::now_seconds() - t0;
@@ -110,38 +124,30 @@ void Fsdp::finish_gather(Piece& u) {
   u.gathering.reset();
   if (u.stage < 0) return;
   const auto k = static_cast<size_t>(u.stage);
-  to_f32(DType::BF16, stages_[k].data(), u.len, model_.unit_param_data(u.unit) + u.begin);
+  if (u.len > 0) be_.from_bf16(stages_[k].data(), u.len, model_.unit_param_data(u.unit) + u.begin);
   stage_busy_[k] = false;
   u.stage = -1;
 }
 
 void Fsdp::reshard(Piece& u) {
   finish_gather(u);  // a prefetched unit nobody used (the buffer is the collective's until then)
-  zero_and_release(model_.unit_param_data(u.unit) + u.begin, u.len);
+  clear(model_.unit_param_data(u.unit) + u.begin, u.len);
   u.gathered = false;
 }
 
 void Fsdp::take_piece(Piece& u) {
-  std::copy_n(model_.param_data() + u.own, mine(u), master_.data() + u.at);
-  reshard(u);
-  zero_and_release(model_.grad_data() + u.begin, u.len);
+  // From the host copy the weights were loaded or initialized into. On a device its buffer stays
+  // as it is (nothing to give back; zeroing it would first send the whole host copy, unit after
+  // unit): the units are gathered over it before any use.
+  copy(master_.data() + u.at, std::as_const(model_).param_data() + u.own, mine(u));
+  if (host_) reshard(u);
+  clear(model_.grad_data() + u.begin, u.len);
 }
 
 void Fsdp::take_unit(int64_t i) {
   for (size_t k = first_piece_[static_cast<size_t>(i)];
        k < first_piece_[static_cast<size_t>(i) + 1]; ++k)
     take_piece(pieces_[k]);
-}
-
-void Fsdp::gather_whole(const float* shard, float* whole) {
-  for (const auto& u : pieces_) {
-    std::copy_n(shard + u.at, mine(u), whole + u.own);
-    u.group->all_gather(whole + u.begin, u.counts);
-  }
-}
-
-void Fsdp::take_whole(const float* whole, float* shard) const {
-  for (const auto& u : pieces_) std::copy_n(whole + u.own, mine(u), shard + u.at);
 }
 
 void Fsdp::take_params_from_model() {
@@ -234,10 +240,9 @@ void Fsdp::finish_grads() {
   for (auto& [k, req] : reducing_) {
     wait(*req);
     const Piece& u = pieces_[k.piece];
-    float* g = grad_shard_.data() + u.at;
-    const float* s = scratch_.data() + k.scratch;
-    for (int64_t e = 0, n = mine(u); e < n; ++e) g[e] += s[e];
-    zero_and_release(model_.grad_data() + u.begin, u.len);
+    if (mine(u) > 0)
+      be_.add_inplace(grad_shard_.data() + u.at, scratch_.data() + k.scratch, mine(u));
+    clear(model_.grad_data() + u.begin, u.len);
   }
   reducing_.clear();
 }

@@ -25,6 +25,14 @@
 // Between steps nothing is gathered: after the optimizer updates the masters every unit is
 // resharded. At most two units are gathered at once (the one computing and the prefetched one)
 // and two units' full gradients exist (the one computing and the one being reduced).
+//
+// Off the CPU (the model's device(): a GPU) the masters, the gradient shard and the staging
+// buffers live in the device's memory and every copy, bf16 rounding and widening and gradient sum
+// runs through its backend (`be`); `group` (and `expert_group`) must then move device memory (an
+// NCCL group). The model's flat parameter and gradient buffers stay allocated whole there (device
+// memory cannot be given back page by page): resharding zeroes, it frees nothing, so FSDP on a
+// device divides the masters, gradients and AdamW state by the shard degree but not the gathered
+// weights (a pool of gathered units would; not built).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -36,6 +44,7 @@
 #include "titan/core/buffer.h"
 #include "titan/dist/communicator.h"
 #include "titan/models/model.h"
+#include "titan/ops/backend.h"
 
 namespace titan::train {
 
@@ -47,12 +56,15 @@ class Fsdp final : public models::ParamHooks {
   // split over the ep ranks (ParamInfo::split_over_ep: each rank's own experts) are sharded
   // instead, as one piece of their unit gathered and reduced beside the rest; null: everything
   // over group.
-  Fsdp(models::Model& model, dist::Communicator& group, const std::string& reshard_after_forward,
-       bool bf16_gather = false, dist::Communicator* expert_group = nullptr);
+  // be: the backend of the model's device and dtype (bf16_gather needs its to_bf16/from_bf16).
+  Fsdp(models::Model& model, const ops::Backend& be, dist::Communicator& group,
+       const std::string& reshard_after_forward, bool bf16_gather = false,
+       dist::Communicator* expert_group = nullptr);
 
   // This rank's segments, in the order its shard buffers concatenate them.
   const ckpt::Segments& own_segments() const { return own_; }
   int64_t shard_len() const { return shard_len_; }
+  // In the model's memory (a device's off the CPU).
   float* master() { return master_.data(); }
   float* grad_shard() { return grad_shard_.data(); }
   // The largest unit: what one gathered unit adds to a rank's memory.
@@ -78,12 +90,6 @@ class Fsdp final : public models::ParamHooks {
   // fn(u) for each unit u in turn while it alone is whole (the fp32 masters exactly; the next
   // one on its way): what a parallel export reads, one unit's memory at a time.
   void for_each_unit_whole(const std::function<void(int64_t unit)>& fn);
-
-  // A buffer laid out as this rank's shard buffers (AdamW moments) and the whole flat layout:
-  // whole[num_params] ← every rank's blocks (collective over the group); shard ← this rank's
-  // blocks of whole.
-  void gather_whole(const float* shard, float* whole);
-  void take_whole(const float* whole, float* shard) const;
 
   // Since construction: seconds this object's collectives took from start to completion
   // (comm_seconds), and the part of them the model waited for, not hidden behind compute
@@ -128,8 +134,14 @@ class Fsdp final : public models::ParamHooks {
   void finish_gather(Piece& u);
   void prefetch(int64_t u);
   void wait(dist::Request& r);  // counts the seconds it took and the part waited for
+  // n floats in the model's memory: copied (either side may be the host), zeroed (on the CPU
+  // the whole pages given back).
+  void copy(float* dst, const float* src, int64_t n) const;
+  void clear(float* p, int64_t n) const;
 
   models::Model& model_;
+  const ops::Backend& be_;
+  bool host_ = true;  // the model computes on the CPU
   std::vector<Piece> pieces_;
   std::vector<size_t> first_piece_;  // unit i: pieces [first_piece_[i], first_piece_[i+1])
   ckpt::Segments own_;

@@ -177,9 +177,14 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     for (const auto& q : m.params()) tied = tied || q.alias;
     if (tied) head += unit_local[0];
     for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i) other = std::max(other, unit_local[i]);
-    plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
-                               : "gathered: head group + 2 largest units (fp32 w+g)",
-                          (bf16 ? 10 : 8) * (head + 2 * other)});
+    if (t.device == "cpu")
+      plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
+                                 : "gathered: head group + 2 largest units (fp32 w+g)",
+                            (bf16 ? 10 : 8) * (head + 2 * other)});
+    else  // device memory is not given back page by page: the flat buffers stay whole (fsdp.h)
+      plan.lines.push_back({bf16 ? "gathered into: whole weights and gradients (fp32 w+g, bf16)"
+                                 : "gathered into: whole weights and gradients (fp32 w+g)",
+                            (bf16 ? 10 : 8) * local});
     // Native initial weights are loaded whole (a TP/EP rank: its slices whole) before the
     // masters are sharded (a resumed checkpoint is read unit by unit, Hugging Face weights only
     // in the rank's shard).

@@ -14,6 +14,7 @@
 #include "titan/core/test_hooks.h"
 #include "titan/data/chat_dataset.h"
 #include "titan/data/dataset.h"
+#include "titan/dist/device_group.h"
 #include "titan/dist/nccl/nccl_group.h"
 #include "titan/models/registry.h"
 #include "titan/ops/backend.h"
@@ -107,21 +108,24 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
   if (device != "cpu" && dist::world().size() > 1) {  // one process per GPU, gradients on NCCL
     const std::string n = std::to_string(dist::world().size());
-    check(device == "cuda", "training.device " + device + " trains in one process (" + n +
-                                " ranks need a device communicator)");
-    check(dims_.dp_shard == 1 && dims_.tp == 1 && dims_.ep == 1 && dims_.cp == 1,
-          "on GPUs titan's data parallelism is DDP for now (FSDP, TP and EP shard on the host): "
-          "use --parallelism.data_parallel_replicate_degree " +
-              n + " --parallelism.data_parallel_shard_degree 1, or --training.device cpu");
-    check(dist::nccl_built(), "training.device cuda on " + n +
-                                  " ranks: this titan was built without NCCL (CMake found no "
-                                  "nccl.h and libnccl beside the CUDA toolkit); install NCCL "
-                                  "and rebuild, or train in one process");
-    ops::select_cuda_device(local_rank());
+    check(dims_.tp == 1 && dims_.ep == 1 && dims_.cp == 1,
+          "on a device titan's parallelism is data parallelism for now (FSDP, HSDP, DDP; tensor "
+          "and expert parallelism move host memory): set --parallelism.tensor_parallel_degree 1 "
+          "--parallelism.expert_parallel_degree 1 --parallelism.context_parallel_degree 1, or "
+          "--training.device cpu");
+    check(device != "cuda" || dist::nccl_built(),
+          "training.device cuda on " + n +
+              " ranks: this titan was built without NCCL (CMake found no nccl.h and libnccl "
+              "beside the CUDA toolkit); install NCCL and rebuild, or train in one process");
+    check(dist::has_device_group(device), "training.device " + device + " trains in one process (" +
+                                              n + " ranks need collectives over its memory)");
+    if (device == "cuda") ops::select_cuda_device(local_rank());
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
-  if (device == "cuda" && dims_.dp_replicate > 1)  // DDP over GPUs: the gradients on NCCL
-    grad_replicate_ = dist::nccl_group(*mesh_.replicate);
+  // On a device the gradients and parameters move over its own collectives (NCCL on GPUs).
+  if (device != "cpu" && dims_.dp_replicate > 1)
+    grad_replicate_ = dist::device_group(device, *mesh_.replicate);
+  if (device != "cpu" && dims_.dp_shard > 1) fsdp_group_ = dist::device_group(device, *mesh_.fsdp);
   const auto& t = cfg_.training;
   // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
   // first a plan-only model (parameter list and size table, no storage) for the vocabulary and
@@ -224,9 +228,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
   const int64_t n = model_->num_params();
   if (dims_.sharded())
-    fsdp_ = std::make_unique<Fsdp>(
-        *model_, *mesh_.fsdp, cfg_.parallelism.fsdp_reshard_after_forward,
-        t.mixed_precision_param == "bfloat16", dims_.ep > 1 ? mesh_.efsdp.get() : nullptr);
+    fsdp_ = std::make_unique<Fsdp>(*model_, backend, fsdp_group_ ? *fsdp_group_ : *mesh_.fsdp,
+                                   cfg_.parallelism.fsdp_reshard_after_forward,
+                                   t.mixed_precision_param == "bfloat16",
+                                   dims_.ep > 1 ? mesh_.efsdp.get() : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len, backend.memory());
   v_.resize(shard_len, backend.memory());
@@ -343,16 +348,26 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
 }
 
 Trainer::HostMoments::HostMoments(Trainer& tr, bool fetch)
-    : t(tr), m(tr.m_.data()), v(tr.v_.data()) {
+    : t(tr), m(tr.m_.data()), v(tr.v_.data()), master(tr.fsdp_ ? tr.fsdp_->master() : nullptr) {
   const DeviceMemory& mem = t.m_.memory();
   if (mem.host()) return;
-  hm.resize(t.m_.size());
-  hv.resize(t.v_.size());
+  const int64_t n = t.m_.size();
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  hm.resize(n);
+  hv.resize(n);
   m = hm.data();
   v = hv.data();
-  if (!fetch) return;
-  mem.copy(m, t.m_.data(), sizeof(float) * static_cast<size_t>(hm.size()));
-  mem.copy(v, t.v_.data(), sizeof(float) * static_cast<size_t>(hv.size()));
+  if (fetch) {
+    mem.copy(m, t.m_.data(), bytes);
+    mem.copy(v, t.v_.data(), bytes);
+  }
+  if (!master || !fetch) {
+    master = nullptr;
+    return;
+  }
+  hp.resize(n);
+  mem.copy(hp.data(), master, bytes);
+  master = hp.data();
 }
 
 void Trainer::HostMoments::send() {
@@ -392,7 +407,8 @@ StepResult Trainer::step() {
   StepResult r;
   auto dp_sent = [this] {  // the gradients' and parameters' collectives (experts: efsdp's)
     return mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() + mesh_.efsdp->bytes_sent() +
-           (grad_replicate_ ? grad_replicate_->bytes_sent() : 0);
+           (grad_replicate_ ? grad_replicate_->bytes_sent() : 0) +
+           (fsdp_group_ ? fsdp_group_->bytes_sent() : 0);
   };
   const int64_t sent0 = dp_sent();
   const int64_t ep0 = mesh_.ep->bytes_sent(), tp0 = mesh_.tp->bytes_sent();
@@ -609,11 +625,13 @@ void Trainer::maybe_checkpoint() {
     std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
     broadcast_string(dist::world(), &tmp, 0);
     nlohmann::json mine;
-    if (mesh_.replicate_rank == 0)
+    if (mesh_.replicate_rank == 0) {
+      HostMoments hm(*this, /*fetch=*/true);
       mine = checkpointer_->write_shard(
           tmp, dist::world().rank(), dims_.world / dims_.dp_replicate,
           fsdp_ ? fsdp_->own_segments() : ckpt::Segments{{0, model_->num_params()}}, *model_,
-          fsdp_ ? fsdp_->master() : nullptr, m_.data(), v_.data(), mesh_.tp_rank == 0);
+          hm.master, hm.m, hm.v, mesh_.tp_rank == 0);
+    }
     nlohmann::json all = gather_json(dist::world(), mine);
     if (rank0()) {
       all.erase(std::remove(all.begin(), all.end(), nlohmann::json()), all.end());

@@ -80,9 +80,10 @@ class Trainer {
   // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
   // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
   std::unique_ptr<TensorParallel> tp_;
-  // DDP over GPUs: the replicate group on NCCL, for the gradients in device memory (the host
-  // group keeps the scalars: token counts, losses, norms).
-  std::unique_ptr<dist::Communicator> grad_replicate_;
+  // Data parallelism on a device: the replicate and fsdp groups over its memory (NCCL on GPUs;
+  // dist/device_group.h), for the gradients and parameters (the host groups keep the scalars:
+  // token counts, losses, norms).
+  std::unique_ptr<dist::Communicator> grad_replicate_, fsdp_group_;
   std::unique_ptr<models::Model> whole_;
   int64_t tp_comm_bytes_ = 0;
   double tp_seconds_ = 0;
@@ -103,14 +104,16 @@ class Trainer {
   // and the optimizer's kernels there (optim/kernels.h).
   Buffer<float> m_, v_;
   const optim::Kernels* opt_ = nullptr;
-  // The AdamW moments as host arrays for the checkpointer: m_ and v_ themselves on the CPU; off
-  // it, host copies (fetched from the device when `fetch`; send() puts them back).
+  // The AdamW moments (and FSDP's master shard) as host arrays for the checkpointer: the buffers
+  // themselves on the CPU; off it, host copies (fetched from the device when `fetch`; send() puts
+  // the moments back: the masters are loaded through the model).
   struct HostMoments {
     explicit HostMoments(Trainer& t, bool fetch = false);
     void send();
     Trainer& t;
-    Buffer<float> hm, hv;
+    Buffer<float> hm, hv, hp;
     float *m, *v;
+    float* master;  // null without FSDP, or off the CPU when not fetched
   };
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
   optim::AdamWConfig adamw_;

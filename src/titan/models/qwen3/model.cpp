@@ -974,7 +974,9 @@ void Qwen3Model::release(int64_t u, bool backward) {
   // Resharded: the unit's compute copy goes too, remade at its next use.
   const auto i = static_cast<size_t>(u);
   const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
-  if (bf16_ && lo < hi)
+  if (bf16_ && lo < hi && dev_)
+    be_.memset(wb_.data() + (lo - wb_base_), 0, 2 * static_cast<size_t>(hi - lo));
+  else if (bf16_ && lo < hi)
     zero_and_release(wb_.data() + (lo - wb_base_), 2 * static_cast<size_t>(hi - lo));
   stale_[i] = 1;
 }

@@ -86,7 +86,7 @@ class Qwen3Model final : public models::Model {
   float* unit_param_data(int64_t u) override {
     restore_masters();
     stale_[static_cast<size_t>(u)] = 1;
-    return params_buf_.host_writable();
+    return dev_ ? params_buf_.for_device_update() : params_buf_.host_writable();
   }
   std::string device() const override { return be_.device; }
   float* device_param_data() override;
