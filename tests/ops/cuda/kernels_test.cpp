@@ -410,8 +410,10 @@ void test_router() {
   }
 }
 
-void test_experts() {
-  const ops::ExpertsShape sh{50, 24, 20, 8, 2};
+// T = 50 sorts 100 pairs in one chunk of the routing kernel, T = 300 in three (ranks carried
+// across chunks); an expert index outside [0, E) is refused naming its token and slot.
+void test_experts(int64_t tokens) {
+  const ops::ExpertsShape sh{tokens, 24, 20, 8, 2};
   const int64_t T = sh.T, D = sh.D, F = sh.F, E = sh.E, K = sh.K;
   const auto x = randn(T * D), w1 = randn(E * F * D, 0.2f), w3 = randn(E * F * D, 0.2f),
              w2 = randn(E * D * F, 0.2f), dy = randn(T * D), rw = randn(T * K, 0.5f);
@@ -462,7 +464,8 @@ void test_experts() {
   ops::to_bf16(w2.data(), E * D * F, w2h.data());
   for (const bool bf16 : {false, true}) {
     const ops::GroupedExpertsOp op = cu::grouped_experts_op(bf16);
-    const std::string name = std::string("grouped_experts") + (bf16 ? " bf16" : "");
+    const std::string name =
+        std::string("grouped_experts") + (bf16 ? " bf16" : "") + " T=" + std::to_string(T);
     const double tol = bf16 ? 2e-2 : 1e-5;
     Dev<float> d_x(x), d_w1(w1), d_w3(w3), d_w2(w2), d_dy(dy), d_rw(rw), d_y(T * D), d_dx(T * D),
         d_dw(T * K), d_dw1(w1.size()), d_dw3(w3.size()), d_dw2(w2.size()),
@@ -499,6 +502,18 @@ void test_experts() {
     report(name + " dw1", rel_diff(d_dw1.host(), f32(dw1)), tol);
     report(name + " dw3", rel_diff(d_dw3.host(), f32(dw3)), tol);
     report(name + " dw2", rel_diff(d_dw2.host(), f32(dw2)), tol);
+    std::vector<int32_t> bad_idx = idx;
+    bad_idx[2 * K - 1] = static_cast<int32_t>(E);  // token 1, slot K-1
+    Dev<int32_t> d_bad(bad_idx);
+    a.idx = d_bad.p;
+    std::string msg;
+    try {
+      op.forward(a, d_y.p);
+    } catch (const titan::Error& e) {
+      msg = e.what();
+    }
+    report(name + " refuses an expert index outside [0, E)",
+           msg.find("expert index 8 of token 1 slot 1 is outside [0, 8)") == std::string::npos, 0);
   }
 }
 
@@ -664,7 +679,8 @@ int main(int argc, char** argv) {
     test_attention();
     test_lm_head_ce();
     test_router();
-    test_experts();
+    test_experts(50);
+    test_experts(300);
     test_gemm();
     test_linear();
     test_optim();

@@ -1,13 +1,15 @@
 // The grouped-experts op on the GPU ("grouped_experts" under device cuda, float32 or bfloat16;
 // ops/experts_op.h's contract), the CPU op's algorithm (ops/cpu/experts.cpp) step for step:
 // the N = T·K (token, slot) pairs sorted by expert, stable in token order (a counting sort on the
-// host: the per-expert row counts drive one cuBLASLt GEMM per expert and projection anyway);
+// GPU, no atomics: one block per expert counts its pairs, then ranks them with warp ballots in
+// pair order; only the E + 1 offsets come back to the host, where they drive one cuBLASLt GEMM
+// per expert and projection);
 // xp = x's rows permuted; h = [xp·W1ᵀ | xp·W3ᵀ]; g = silu ⊙ up; yp = g·W2ᵀ; y[t] = Σ_j w·yp in
 // slot order (no atomics). Backward as the CPU's (dw from dgu·g, dW2 from du and gw, swiglu_bwd,
 // dxp, dW1 and dW3, dx summed in slot order). bf16: each GEMM's activation operand rounded to
 // bf16, the weights' bf16 copies.
-// saved: h [N·2F] | off [E+1] int32 | pos [N] int32 (device); scratch: as the CPU op's, plus the
-// bf16 copies.
+// saved: h [N·2F] | off [E+1] | bad [1] | counts [E] | pos [N], int32 (device; bad: the first pair
+// whose expert index is outside [0, E), or N); scratch: as the CPU op's, plus the bf16 copies.
 #include <string>
 #include <vector>
 
@@ -22,7 +24,7 @@ int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 int64_t saved_floats(const ExpertsShape& s) {
   const int64_t N = s.T * s.K;
-  return round16(N * 2 * s.F) + round16(s.E + 1 + N);
+  return round16(N * 2 * s.F) + round16(2 * s.E + 2 + N);
 }
 int64_t scratch_floats(const ExpertsShape& s) {
   const int64_t N = s.T * s.K;
@@ -36,7 +38,7 @@ int64_t bf16_scratch_floats(const ExpertsShape& s) {
 
 struct Parts {
   float* h;
-  int32_t *off, *pos;  // device
+  int32_t *off, *counts, *pos;  // device (off is followed by bad)
   std::vector<int32_t> off_host;
 };
 
@@ -45,8 +47,81 @@ Parts parts(const ExpertsShape& s, float* saved) {
   Parts p;
   p.h = saved;
   p.off = reinterpret_cast<int32_t*>(saved + round16(N * 2 * s.F));
-  p.pos = p.off + s.E + 1;
+  p.counts = p.off + s.E + 2;
+  p.pos = p.counts + s.E;
   return p;
+}
+
+// The integer sum (or minimum) of v over the block (blockDim.x a multiple of 32), to every thread.
+template <bool Min>
+__device__ int32_t block_reduce_int(int32_t v) {
+  __shared__ int32_t part[32];
+  auto op = [](int32_t a, int32_t b) { return Min ? min(a, b) : a + b; };
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t r = part[0];
+    for (int w = 1; w < warps; ++w) r = op(r, part[w]);
+    part[0] = r;
+  }
+  __syncthreads();
+  const int32_t r = part[0];
+  __syncthreads();
+  return r;
+}
+
+// Block e < E: counts[e] = #{i : id[i] = e}; block E: *bad = the first i with id[i] outside
+// [0, E), or N.
+__global__ void count_k(const int32_t* id, int32_t N, int32_t E, int32_t* counts, int32_t* bad) {
+  const int32_t e = blockIdx.x;
+  int32_t acc = e == E ? N : 0;
+  for (int32_t i = threadIdx.x; i < N; i += blockDim.x) {
+    const int32_t v = id[i];
+    if (e < E)
+      acc += v == e;
+    else if ((v < 0 || v >= E) && i < acc)
+      acc = i;
+  }
+  if (e < E) {
+    acc = block_reduce_int<false>(acc);
+    if (threadIdx.x == 0) counts[e] = acc;
+  } else {
+    acc = block_reduce_int<true>(acc);
+    if (threadIdx.x == 0) *bad = acc;
+  }
+}
+
+// Block e: off[e] = Σ counts[<e] (and off[E] from the last block); pos[i] = off[e] + the number of
+// pairs before i routed to e, for each i routed to e (the chunk's ranks from warp ballots).
+__global__ void position_k(const int32_t* id, int32_t N, int32_t E, const int32_t* counts,
+                           int32_t* off, int32_t* pos) {
+  __shared__ int32_t warp_hits[32];
+  const int32_t e = blockIdx.x;
+  int32_t base = 0;
+  for (int32_t q = threadIdx.x; q < e; q += blockDim.x) base += counts[q];
+  base = block_reduce_int<false>(base);
+  if (threadIdx.x == 0) {
+    off[e] = base;
+    if (e == E - 1) off[E] = base + counts[e];
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int64_t c = 0; c < N; c += blockDim.x) {
+    const int64_t i = c + threadIdx.x;
+    const bool hit = i < N && id[i] == e;
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_hits[warp] = __popc(m);
+    __syncthreads();
+    int32_t before = 0, total = 0;
+    for (int w = 0; w < warps; ++w) {
+      before += w < warp ? warp_hits[w] : 0;
+      total += warp_hits[w];
+    }
+    if (hit) pos[i] = base + before + __popc(m & ((1u << lane) - 1u));
+    base += total;
+    __syncthreads();  // warp_hits is rewritten by the next chunk
+  }
 }
 
 // xp[pos(t,j)] = x[t].
@@ -107,27 +182,24 @@ void check_shape(const ExpertsShape& s) {
             " E=" + std::to_string(s.E) + " K=" + std::to_string(s.K) + ")");
 }
 
-// The counting sort of the pairs by expert, on the host from idx; off and pos copied to saved.
+// The counting sort of the pairs by expert on the GPU into saved's off and pos; off (and the bad
+// pair's index) copied to the host.
 void route(const ExpertsShape& s, const int32_t* idx, Parts& p) {
-  const int64_t N = s.T * s.K;
-  std::vector<int32_t> id(static_cast<size_t>(N)), pos(static_cast<size_t>(N));
-  copy(id.data(), idx, sizeof(int32_t) * id.size());
-  p.off_host.assign(static_cast<size_t>(s.E + 1), 0);
-  for (int64_t i = 0; i < N; ++i) {
-    const int32_t e = id[static_cast<size_t>(i)];
-    if (e < 0 || e >= s.E)
-      throw Error("grouped_experts: expert index " + std::to_string(e) + " of token " +
-                  std::to_string(i / s.K) + " slot " + std::to_string(i % s.K) +
-                  " is outside [0, " + std::to_string(s.E) + ")");
-    ++p.off_host[static_cast<size_t>(e) + 1];
-  }
-  for (int64_t e = 0; e < s.E; ++e)
-    p.off_host[static_cast<size_t>(e) + 1] += p.off_host[static_cast<size_t>(e)];
-  std::vector<int32_t> cursor(p.off_host.begin(), p.off_host.end() - 1);
-  for (int64_t i = 0; i < N; ++i)
-    pos[static_cast<size_t>(i)] = cursor[id[static_cast<size_t>(i)]]++;
-  copy(p.off, p.off_host.data(), sizeof(int32_t) * p.off_host.size());
-  copy(p.pos, pos.data(), sizeof(int32_t) * pos.size());
+  const auto N = static_cast<int32_t>(s.T * s.K), E = static_cast<int32_t>(s.E);
+  int32_t* bad = p.off + E + 1;
+  count_k<<<E + 1, kThreads, 0, stream()>>>(idx, N, E, p.counts, bad);
+  position_k<<<E, kThreads, 0, stream()>>>(idx, N, E, p.counts, p.off, p.pos);
+  TITAN_CUDA_LAUNCHED("grouped_experts (routing)");
+  p.off_host.resize(static_cast<size_t>(E) + 2);
+  copy(p.off_host.data(), p.off, sizeof(int32_t) * p.off_host.size());
+  const int32_t first_bad = p.off_host.back();
+  p.off_host.pop_back();
+  if (first_bad == N) return;
+  int32_t e = 0;
+  copy(&e, idx + first_bad, sizeof e);
+  throw Error("grouped_experts: expert index " + std::to_string(e) + " of token " +
+              std::to_string(first_bad / s.K) + " slot " + std::to_string(first_bad % s.K) +
+              " is outside [0, " + std::to_string(s.E) + ")");
 }
 
 // One expert GEMM: fp32 operands, or their bf16 copies.
