@@ -315,5 +315,34 @@ TEST(AddTest, AddAndAddInplace) {
   EXPECT_EQ(y, out);
 }
 
+// copy_rows / sum_rows against plain loops: rows of 5 floats at strides 7 and 6, indexed and
+// identity sides, and k = 3 rows summed per output in index order from 0 (large enough to run in
+// parallel, 3000 rows).
+TEST(RowsTest, CopyAndSumRowsAsIndexed) {
+  const int64_t n = 3000, w = 5, k = 3;
+  std::mt19937 g(13);
+  const auto src = uniform(n * 7, g, -1.f, 1.f);
+  std::vector<int32_t> perm(n);
+  for (int64_t i = 0; i < n; ++i) perm[i] = static_cast<int32_t>((i * 17) % n);  // gcd(17, n) = 1
+  std::vector<float> dst(n * 6, -9.f), want = dst;
+  copy_rows(src.data(), 7, perm.data(), dst.data(), 6, nullptr, n, w);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < w; ++c) want[i * 6 + c] = src[perm[i] * 7 + c];
+  EXPECT_EQ(dst, want);
+  copy_rows(src.data(), 7, nullptr, dst.data(), 6, perm.data(), n, w);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < w; ++c) want[perm[i] * 6 + c] = src[i * 7 + c];
+  EXPECT_EQ(dst, want);
+  std::vector<float> sum(n / k * w), ref(n / k * w);
+  sum_rows(src.data(), 7, perm.data(), k, sum.data(), n / k, w);
+  for (int64_t t = 0; t < n / k; ++t)
+    for (int64_t c = 0; c < w; ++c) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < k; ++j) acc += src[perm[t * k + j] * 7 + c];
+      ref[t * w + c] = acc;
+    }
+  EXPECT_EQ(sum, ref);
+}
+
 }  // namespace
 }  // namespace titan::ops

@@ -58,6 +58,8 @@ std::vector<std::string> Backend::missing() const {
   need(add, "add");
   need(add_inplace, "add_inplace");
   need(scale_inplace, "scale_inplace");
+  need(copy_rows, "copy_rows");
+  need(sum_rows, "sum_rows");
   need(dropout, "dropout");
   need(dropout_add, "dropout_add");
   need(gemm, "gemm");

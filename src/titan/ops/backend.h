@@ -53,6 +53,8 @@ struct Backend {
   decltype(&ops::add) add = nullptr;
   decltype(&ops::add_inplace) add_inplace = nullptr;
   decltype(&ops::scale_inplace) scale_inplace = nullptr;
+  decltype(&ops::copy_rows) copy_rows = nullptr;
+  decltype(&ops::sum_rows) sum_rows = nullptr;
   decltype(&ops::dropout) dropout = nullptr;
   decltype(&ops::dropout_add) dropout_add = nullptr;
   decltype(&ops::gemm) gemm = nullptr;  // gemm.h: strided, transposes, +=

@@ -56,6 +56,16 @@ void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
 
+// ---- Row moves (expert parallelism's dispatch and combine, train/expert_parallel.h), rows of
+// `width` floats at a stride, indices int32 (null: the identity):
+// copy_rows:  dst[dst_row[i]·dst_stride + c] = src[src_row[i]·src_stride + c], i < n, c < width;
+// sum_rows:   dst[t·width + c] = 0 + Σ_{j<k} src[index[t·k + j]·src_stride + c] (j in order),
+//             t < n: the rows of each group of k summed in a fixed order.
+void copy_rows(const float* src, int64_t src_stride, const int32_t* src_row, float* dst,
+               int64_t dst_stride, const int32_t* dst_row, int64_t n, int64_t width);
+void sum_rows(const float* src, int64_t src_stride, const int32_t* index, int64_t k, float* dst,
+              int64_t n, int64_t width);
+
 // ---- Inverted dropout with counter-based masks (LoRA's): element k is kept iff
 // uniform_open(random_u64(seed, stream, k)) >= p (core/rng.h), kept values scaled by
 // keep = float(1 / (1 − p)). dropout: y[k] = kept ? x[k]·keep : 0. dropout_add (its backward

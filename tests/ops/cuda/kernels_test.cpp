@@ -4,9 +4,9 @@
 // GEMMs are checked against a double-precision product (the oneDNN GEMM is not built into this
 // program, which must build where only the CUDA toolkit is). Tolerances, as max |gpu − reference| /
 // max |reference| unless said:
-//   exact (0): embedding fwd/bwd, rope, add, scale, dropout (the same counter-based masks),
-//     to_bf16, from_bf16, clip, rmsnorm_bwd's dw (same products,
-//     same summation order, no FMA contraction on either side);
+//   exact (0): embedding fwd/bwd, rope, add, scale, copy_rows, sum_rows, dropout (the same
+//     counter-based masks), to_bf16, from_bf16, clip, rmsnorm_bwd's dw (same products, same
+//     summation order, no FMA contraction on either side);
 //   2e-6: rmsnorm_fwd y, rstd and rmsnorm_bwd dx (the sum of squares reduced in another order);
 //   2e-6: swiglu (CUDA's expf against the CPU's polynomial exp, each within ~2 ulp);
 //   2e-6: adamw_step (the CPU build may contract into FMAs; 1 ulp of p);
@@ -191,6 +191,23 @@ void test_rope_swiglu_add() {
   ops::scale_inplace(a.data(), n, 0.37f);
   cu::scale_inplace(d_a.p, n, 0.37f);
   report("scale_inplace", rel_diff(d_a.host(), a), 0);
+  {  // expert parallelism's row moves: rows of 5 at strides 7 and 6, a permutation of 3000 rows
+    const int64_t rows = 3000, w = 5, k = 3;
+    std::vector<int32_t> perm(rows);
+    for (int64_t i = 0; i < rows; ++i) perm[i] = static_cast<int32_t>((i * 17) % rows);
+    Dev<int32_t> d_perm(perm);
+    std::vector<float> moved(rows * 6, 0.0f), summed(rows / k * w);
+    Dev<float> d_moved(moved), d_summed(rows / k * w);
+    ops::copy_rows(a.data(), 7, perm.data(), moved.data(), 6, nullptr, rows, w);
+    cu::copy_rows(d_a.p, 7, d_perm.p, d_moved.p, 6, nullptr, rows, w);
+    report("copy_rows (source indexed)", rel_diff(d_moved.host(), moved), 0);
+    ops::copy_rows(a.data(), 7, nullptr, moved.data(), 6, perm.data(), rows, w);
+    cu::copy_rows(d_a.p, 7, nullptr, d_moved.p, 6, d_perm.p, rows, w);
+    report("copy_rows (destination indexed)", rel_diff(d_moved.host(), moved), 0);
+    ops::sum_rows(a.data(), 7, perm.data(), k, summed.data(), rows / k, w);
+    cu::sum_rows(d_a.p, 7, d_perm.p, k, d_summed.p, rows / k, w);
+    report("sum_rows", rel_diff(d_summed.host(), summed), 0);
+  }
   std::vector<float> dropped(n);  // LoRA's dropout: the same counter-based masks
   Dev<float> d_dropped(n);
   ops::dropout(a.data(), dropped.data(), n, 42, (3ull << 20) + 5, 0.1);

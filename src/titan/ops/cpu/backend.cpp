@@ -43,6 +43,8 @@ Backend cpu_backend() {
   b.add = ops::add;
   b.add_inplace = ops::add_inplace;
   b.scale_inplace = ops::scale_inplace;
+  b.copy_rows = ops::copy_rows;
+  b.sum_rows = ops::sum_rows;
   b.dropout = ops::dropout;
   b.dropout_add = ops::dropout_add;
   b.gemm = ops::gemm;

@@ -207,6 +207,29 @@ void scale_inplace(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void copy_rows(const float* src, int64_t src_stride, const int32_t* src_row, float* dst,
+               int64_t dst_stride, const int32_t* dst_row, int64_t n, int64_t width) {
+#pragma omp parallel for schedule(static) if (n * width > kChunk)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* s = src + (src_row ? src_row[i] : i) * src_stride;
+    float* d = dst + (dst_row ? dst_row[i] : i) * dst_stride;
+    for (int64_t c = 0; c < width; ++c) d[c] = s[c];
+  }
+}
+
+void sum_rows(const float* src, int64_t src_stride, const int32_t* index, int64_t k, float* dst,
+              int64_t n, int64_t width) {
+#pragma omp parallel for schedule(static) if (n * width > kChunk)
+  for (int64_t t = 0; t < n; ++t) {
+    float* d = dst + t * width;
+    for (int64_t c = 0; c < width; ++c) d[c] = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* s = src + index[t * k + j] * src_stride;
+      for (int64_t c = 0; c < width; ++c) d[c] += s[c];
+    }
+  }
+}
+
 void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p) {
   const float keep = static_cast<float>(1.0 / (1.0 - p));
 #pragma omp parallel for schedule(static)

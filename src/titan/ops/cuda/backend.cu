@@ -25,6 +25,8 @@ Backend backend(bool bf16) {
   b.add = &cuda::add;
   b.add_inplace = &cuda::add_inplace;
   b.scale_inplace = &cuda::scale_inplace;
+  b.copy_rows = &cuda::copy_rows;
+  b.sum_rows = &cuda::sum_rows;
   b.dropout = &cuda::dropout;
   b.dropout_add = &cuda::dropout_add;
   b.gemm = &cuda::gemm;

@@ -81,6 +81,10 @@ void swiglu_bwd(const float* dg, const float* ab, float* dab, int64_t T, int64_t
 void add(const float* a, const float* b, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
+void copy_rows(const float* src, int64_t src_stride, const int32_t* src_row, float* dst,
+               int64_t dst_stride, const int32_t* dst_row, int64_t n, int64_t width);
+void sum_rows(const float* src, int64_t src_stride, const int32_t* index, int64_t k, float* dst,
+              int64_t n, int64_t width);
 // The masks of core/rng.h's random_u64 computed on the device (the same bits as the CPU's).
 void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);
 void dropout_add(const float* x, float* y, int64_t n, uint64_t seed, uint64_t stream, double p);

@@ -8,8 +8,9 @@
 //   rope_table     cos_sin[max_pos, d] with the CPU's formula; first_bad_position read back
 //   rope_fwd/bwd   rotate halves (x1, x2) of each head by the position's (cos, sin); bwd by −sin
 //   swiglu_fwd     g[T,F] = silu(a)·b for ab[T, 2F] = [a | b];  swiglu_bwd its backward
-//   add, add_inplace, scale_inplace, dropout / dropout_add (core/rng.h's counter-based masks,
-//   the same bits), to_bf16 (round to nearest even; NaN stays a quiet NaN), from_bf16
+//   add, add_inplace, scale_inplace, copy_rows, sum_rows, dropout / dropout_add (core/rng.h's
+//   counter-based masks, the same bits), to_bf16 (round to nearest even; NaN stays a quiet NaN),
+//   from_bf16
 // Compiled with --fmad=false: each product and sum rounds as on the CPU (elementwise.cpp is
 // built with -ffp-contract=off), so only reductions (the norms' sums of squares) differ in order.
 #include <cub/device/device_radix_sort.cuh>
@@ -363,6 +364,45 @@ void scale_inplace(float* x, int64_t n, float s) {
   if (n <= 0) return;
   scale_k<<<grid(n), kThreads, 0, stream()>>>(x, n, s);
   TITAN_CUDA_LAUNCHED("scale_inplace");
+}
+
+namespace {
+__global__ void copy_rows_k(const float* src, int64_t src_stride, const int32_t* src_row,
+                            float* dst, int64_t dst_stride, const int32_t* dst_row, int64_t n,
+                            int64_t width) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n * width;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e / width, c = e % width;
+    dst[(dst_row ? dst_row[i] : i) * dst_stride + c] =
+        src[(src_row ? src_row[i] : i) * src_stride + c];
+  }
+}
+
+__global__ void sum_rows_k(const float* src, int64_t src_stride, const int32_t* index, int64_t k,
+                           float* dst, int64_t n, int64_t width) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n * width;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = e / width, c = e % width;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; ++j) acc += src[index[t * k + j] * src_stride + c];
+    dst[e] = acc;
+  }
+}
+}  // namespace
+
+void copy_rows(const float* src, int64_t src_stride, const int32_t* src_row, float* dst,
+               int64_t dst_stride, const int32_t* dst_row, int64_t n, int64_t width) {
+  if (n * width <= 0) return;
+  copy_rows_k<<<grid(n * width), kThreads, 0, stream()>>>(src, src_stride, src_row, dst, dst_stride,
+                                                          dst_row, n, width);
+  TITAN_CUDA_LAUNCHED("copy_rows");
+}
+
+void sum_rows(const float* src, int64_t src_stride, const int32_t* index, int64_t k, float* dst,
+              int64_t n, int64_t width) {
+  if (n * width <= 0) return;
+  sum_rows_k<<<grid(n * width), kThreads, 0, stream()>>>(src, src_stride, index, k, dst, n, width);
+  TITAN_CUDA_LAUNCHED("sum_rows");
 }
 
 namespace {
