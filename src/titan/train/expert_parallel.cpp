@@ -3,7 +3,6 @@
 #include "titan/train/expert_parallel.h"
 
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -11,25 +10,28 @@
 
 #include "titan/core/buffer.h"
 #include "titan/core/error.h"
+#include "titan/ops/backend.h"
 
 namespace titan::train {
 namespace {
 
-// Grows b to at least n elements (contents dropped when it grows).
+// Grows b to at least n elements in mem's memory (contents dropped when it grows).
 template <typename T>
-T* at_least(Buffer<T>& b, int64_t n) {
-  if (b.size() < n) b.resize(n);
+T* at_least(Buffer<T>& b, int64_t n, const DeviceMemory& mem) {
+  if (b.size() < n) b.resize(n, mem);
   return b.data();
 }
 
 // What one layer keeps from its forward to its backward.
 struct LayerState {
   std::vector<int64_t> send, recv;  // rows to / from each rank
-  std::vector<int64_t> slot;        // slot[t·K + j]: the row of (t, j) in the send order
-  Buffer<float> x_in;               // [R, D] the rows received (the local op's input)
-  Buffer<int32_t> idx_in;           // [R] their local expert
-  Buffer<float> w_in;               // [R] their routing weight
-  Buffer<float> saved;              // the local op's saved state
+  std::vector<int32_t> slot;        // slot[t·K + j]: the row of (t, j) in the send order
+  std::vector<int32_t> tok;         // tok[t·K + j] = t
+  std::vector<int32_t> idx_in;      // [R] the local expert of each row received
+  Buffer<int32_t> slot_dev, tok_dev, idx_in_dev;  // the three above where the kernels read them
+  Buffer<float> x_in;                             // [R, D] the rows received (the local op's input)
+  Buffer<float> w_in;                             // [R] their routing weight
+  Buffer<float> saved;                            // the local op's saved state
   int64_t R = 0;
 };
 
@@ -38,6 +40,7 @@ struct LayerState {
 // Per call: rows in the send order, rows as received, the local op's outputs and its buffers.
 struct DispatchBuffers {
   Buffer<float> rows, got, out, dx, dw_in, scratch;
+  std::vector<int32_t> idx;  // the routing read back from a device
   DispatchSeconds seconds;
 };
 
@@ -48,7 +51,10 @@ namespace {
 
 struct Shared {
   ops::GroupedExpertsOp local;
-  dist::Communicator* group = nullptr;
+  dist::Communicator* group = nullptr;  // the counts (host memory)
+  dist::Communicator* rows = nullptr;   // the rows (the local op's memory)
+  const ops::Backend* be = nullptr;     // the local op's device: row moves, memory
+  DeviceMemory mem;
   std::map<const float*, LayerState> layers;
   std::shared_ptr<DispatchBuffers> buf;
 };
@@ -78,6 +84,14 @@ void check_split(const ops::ExpertsShape& s, int P) {
                           ") must be divisible by ep (" + std::to_string(P) + ")");
 }
 
+// A host index array where the kernels read it: itself on the CPU, else its copy in dev.
+const int32_t* placed(const Shared& sh, const std::vector<int32_t>& host, Buffer<int32_t>& dev) {
+  if (sh.mem.host()) return host.data();
+  at_least(dev, static_cast<int64_t>(host.size()), sh.mem);
+  if (!host.empty()) sh.be->copy(dev.data(), host.data(), sizeof(int32_t) * host.size());
+  return dev.data();
+}
+
 // The local op's arguments: this rank's experts and the rows it received.
 ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& sh) {
   const ops::ExpertsShape& s = ea.s;
@@ -85,26 +99,33 @@ ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& 
   ops::ExpertsArgs la = ea;  // the weights: this rank's experts (the model's slice)
   la.s = {st.R, s.D, s.F, El, 1};
   la.x = st.x_in.data();
-  la.idx = st.idx_in.data();
+  la.idx = sh.mem.host() ? st.idx_in.data() : st.idx_in_dev.data();
   la.w = st.w_in.data();
-  la.saved = at_least(st.saved, sh.local.saved_floats(la.s));
-  la.scratch = at_least(sh.buf->scratch, sh.local.scratch_floats(la.s));
+  la.saved = at_least(st.saved, sh.local.saved_floats(la.s), sh.mem);
+  la.scratch = at_least(sh.buf->scratch, sh.local.scratch_floats(la.s), sh.mem);
   return la;
 }
 
 void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   const ops::ExpertsShape& s = ea.s;
   dist::Communicator& g = *sh.group;
+  const ops::Backend& be = *sh.be;
   const int P = g.size();
   check_split(s, P);
   const int64_t El = s.E / P, D = s.D, N = s.T * s.K, W = D + 1;
   LayerState& st = sh.layers[ea.saved];
 
   // 1. Rows [x[t] | w[t,j]] sorted by (expert, t, j): rank-major, a rank's experts being
-  //    consecutive.
+  //    consecutive. The order is computed on the host (from the routing read back off the CPU).
+  const int32_t* idx = ea.idx;
+  if (!sh.mem.host()) {
+    sh.buf->idx.resize(static_cast<size_t>(N));
+    be.copy(sh.buf->idx.data(), ea.idx, sizeof(int32_t) * static_cast<size_t>(N));
+    idx = sh.buf->idx.data();
+  }
   std::vector<int64_t> per_expert(static_cast<size_t>(s.E), 0);
   for (int64_t a = 0; a < N; ++a) {
-    const int32_t e = ea.idx[a];
+    const int32_t e = idx[a];
     check(e >= 0 && e < s.E, "expert parallelism: expert index " + std::to_string(e) +
                                  " outside [0, " + std::to_string(s.E) + ")");
     ++per_expert[static_cast<size_t>(e)];
@@ -113,13 +134,16 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   for (int64_t e = 1; e < s.E; ++e)
     start[static_cast<size_t>(e)] = start[size_t(e - 1)] + per_expert[size_t(e - 1)];
   st.slot.resize(static_cast<size_t>(N));
-  float* rows = at_least(sh.buf->rows, N * W);
+  st.tok.resize(static_cast<size_t>(N));
   for (int64_t a = 0; a < N; ++a) {
-    const int64_t at = start[static_cast<size_t>(ea.idx[a])]++;
-    st.slot[static_cast<size_t>(a)] = at;
-    std::memcpy(rows + at * W, ea.x + a / s.K * D, sizeof(float) * static_cast<size_t>(D));
-    rows[at * W + D] = ea.w[a];
+    st.slot[static_cast<size_t>(a)] = static_cast<int32_t>(start[static_cast<size_t>(idx[a])]++);
+    st.tok[static_cast<size_t>(a)] = static_cast<int32_t>(a / s.K);
   }
+  const int32_t* slot = placed(sh, st.slot, st.slot_dev);
+  const int32_t* tok = placed(sh, st.tok, st.tok_dev);
+  float* rows = at_least(sh.buf->rows, N * W, sh.mem);
+  be.copy_rows(ea.x, D, tok, rows, W, slot, N, D);
+  be.copy_rows(ea.w, 1, nullptr, rows + D, W, slot, N, 1);
   // The counts per (destination, local expert), then the rows.
   std::vector<int64_t> got(static_cast<size_t>(s.E));
   timed(sh.buf->seconds.exchange, [&] { g.all_to_all(per_expert.data(), got.data(), El); });
@@ -131,43 +155,37 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   }
   const int64_t R = sum(st.recv);
   st.R = R;
-  float* in = at_least(sh.buf->got, R * W);
+  float* in = at_least(sh.buf->got, R * W, sh.mem);
   timed(sh.buf->seconds.exchange,
-        [&] { g.all_to_all(rows, times(st.send, W), in, times(st.recv, W)); });
+        [&] { sh.rows->all_to_all(rows, times(st.send, W), in, times(st.recv, W)); });
   // Received from rank q: its rows for local expert 0, then 1, ...
-  float* x_in = at_least(st.x_in, R * D);
-  int32_t* idx_in = at_least(st.idx_in, R);
-  float* w_in = at_least(st.w_in, R);
+  float* x_in = at_least(st.x_in, R * D, sh.mem);
+  float* w_in = at_least(st.w_in, R, sh.mem);
+  be.copy_rows(in, W, nullptr, x_in, D, nullptr, R, D);
+  be.copy_rows(in + D, W, nullptr, w_in, 1, nullptr, R, 1);
+  st.idx_in.resize(static_cast<size_t>(R));
   int64_t k = 0;
   for (int q = 0; q < P; ++q)
     for (int64_t e = 0; e < El; ++e)
-      for (int64_t i = 0; i < got[static_cast<size_t>(q * El + e)]; ++i, ++k) {
-        std::memcpy(x_in + k * D, in + k * W, sizeof(float) * static_cast<size_t>(D));
-        w_in[k] = in[k * W + D];
-        idx_in[k] = static_cast<int32_t>(e);
-      }
+      for (int64_t i = 0; i < got[static_cast<size_t>(q * El + e)]; ++i, ++k)
+        st.idx_in[static_cast<size_t>(k)] = static_cast<int32_t>(e);
+  placed(sh, st.idx_in, st.idx_in_dev);
 
   // 2. The local experts on the rows received, weighted: out = w·expert(x).
-  float* out = at_least(sh.buf->out, R * D);
+  float* out = at_least(sh.buf->out, R * D, sh.mem);
   if (R > 0) timed(sh.buf->seconds.experts, [&] { sh.local.forward(local_args(ea, st, sh), out); });
 
   // 3. Back to the rows' ranks; y[t] = Σ_j in slot order.
-  float* back = at_least(sh.buf->rows, N * D);
+  float* back = at_least(sh.buf->rows, N * D, sh.mem);
   timed(sh.buf->seconds.exchange,
-        [&] { g.all_to_all(out, times(st.recv, D), back, times(st.send, D)); });
-  std::memset(y, 0, sizeof(float) * static_cast<size_t>(s.T * D));
-  for (int64_t t = 0; t < s.T; ++t)
-    for (int64_t j = 0; j < s.K; ++j) {
-      const float* row = back + st.slot[static_cast<size_t>(t * s.K + j)] * D;
-      float* yt = y + t * D;
-      for (int64_t d = 0; d < D; ++d) yt[d] += row[d];
-    }
+        [&] { sh.rows->all_to_all(out, times(st.recv, D), back, times(st.send, D)); });
+  be.sum_rows(back, D, slot, s.K, y, s.T, D);
 }
 
 void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& eg) {
   const ops::ExpertsShape& s = ea.s;
-  dist::Communicator& g = *sh.group;
-  const int P = g.size();
+  const ops::Backend& be = *sh.be;
+  const int P = sh.group->size();
   check_split(s, P);
   const int64_t D = s.D, N = s.T * s.K, W = D + 1;
   auto it = sh.layers.find(ea.saved);
@@ -175,52 +193,49 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
         "expert parallelism: backward without the forward of the same layer and tokens");
   LayerState& st = it->second;
   const int64_t R = st.R;
+  const int32_t* slot = sh.mem.host() ? st.slot.data() : st.slot_dev.data();
+  const int32_t* tok = sh.mem.host() ? st.tok.data() : st.tok_dev.data();
 
   // The rows dy[t] to the experts' ranks.
-  float* rows = at_least(sh.buf->rows, N * W);
-  for (int64_t a = 0; a < N; ++a)
-    std::memcpy(rows + st.slot[static_cast<size_t>(a)] * D, eg.dy + a / s.K * D,
-                sizeof(float) * static_cast<size_t>(D));
-  float* dy_in = at_least(sh.buf->got, R * W);
+  float* rows = at_least(sh.buf->rows, N * W, sh.mem);
+  be.copy_rows(eg.dy, D, tok, rows, D, slot, N, D);
+  float* dy_in = at_least(sh.buf->got, R * W, sh.mem);
   timed(sh.buf->seconds.exchange,
-        [&] { g.all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D)); });
+        [&] { sh.rows->all_to_all(rows, times(st.send, D), dy_in, times(st.recv, D)); });
 
   // The local experts' backward: the rows' input and routing-weight gradients, the experts'
   // weight gradients; packed [dx | dw] for the way back.
-  float* dx_in = at_least(sh.buf->out, R * W);
+  float* dx_in = at_least(sh.buf->out, R * W, sh.mem);
   if (R > 0) {
     const ops::ExpertsArgs la = local_args(ea, st, sh);
-    float* dx = at_least(sh.buf->dx, R * D);
+    float* dx = at_least(sh.buf->dx, R * D, sh.mem);
     ops::ExpertsGrads lg = eg;  // the weight gradients: this rank's experts'
     lg.dy = dy_in;
     lg.dx = dx;
-    lg.dw = at_least(sh.buf->dw_in, R);
+    lg.dw = at_least(sh.buf->dw_in, R, sh.mem);
     timed(sh.buf->seconds.experts, [&] { sh.local.backward(la, lg); });
-    for (int64_t k = 0; k < R; ++k) {
-      std::memcpy(dx_in + k * W, dx + k * D, sizeof(float) * static_cast<size_t>(D));
-      dx_in[k * W + D] = lg.dw[k];
-    }
+    be.copy_rows(dx, D, nullptr, dx_in, W, nullptr, R, D);
+    be.copy_rows(lg.dw, 1, nullptr, dx_in + D, W, nullptr, R, 1);
   }
 
   // Back to the rows' ranks: dx[t] = Σ_j dx'[t,j] (j in order), dw[t,j] = dw'[t,j].
   timed(sh.buf->seconds.exchange,
-        [&] { g.all_to_all(dx_in, times(st.recv, W), rows, times(st.send, W)); });
-  std::memset(eg.dx, 0, sizeof(float) * static_cast<size_t>(s.T * D));
-  for (int64_t a = 0; a < N; ++a) {
-    const float* row = rows + st.slot[static_cast<size_t>(a)] * W;
-    float* dxt = eg.dx + a / s.K * D;
-    for (int64_t d = 0; d < D; ++d) dxt[d] += row[d];
-    eg.dw[a] = row[D];
-  }
+        [&] { sh.rows->all_to_all(dx_in, times(st.recv, W), rows, times(st.send, W)); });
+  be.sum_rows(rows, W, slot, s.K, eg.dx, s.T, D);
+  be.copy_rows(rows + D, W, slot, eg.dw, 1, nullptr, N, 1);
 }
 
 }  // namespace
 
 ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group,
-                                      std::shared_ptr<DispatchBuffers> buffers) {
+                                      std::shared_ptr<DispatchBuffers> buffers,
+                                      dist::Communicator* rows_group) {
   auto sh = std::make_shared<Shared>();
   sh->local = std::move(local);
   sh->group = &group;
+  sh->rows = rows_group ? rows_group : &group;
+  sh->be = &ops::backend(sh->local.device, "float32");
+  sh->mem = sh->be->memory();
   sh->buf = buffers ? std::move(buffers) : dispatch_buffers();
   const int P = group.size();
   ops::GroupedExpertsOp op;

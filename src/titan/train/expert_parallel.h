@@ -58,7 +58,12 @@ DispatchSeconds dispatch_seconds(const DispatchBuffers& b);
 // The op `local` under expert parallelism over `group` (which must outlive it), for one MoE
 // layer or several; its name is local's with "+ep<P>". E % P == 0 is checked by check() and on
 // every call. buffers: shared with the other layers' ops (a set of its own when null).
+// On a device (local.device other than "cpu") the rows, the buffers and the row moves are the
+// device's (ops::Backend copy_rows / sum_rows); the routing is read back to the host, where the
+// send order is computed and the counts exchanged over `group` (host memory), and the rows move
+// over `rows_group`: the same ranks over the device's memory (dist/device_group.h); null: group.
 ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communicator& group,
-                                      std::shared_ptr<DispatchBuffers> buffers = nullptr);
+                                      std::shared_ptr<DispatchBuffers> buffers = nullptr,
+                                      dist::Communicator* rows_group = nullptr);
 
 }  // namespace titan::train

@@ -108,11 +108,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
   if (device != "cpu" && dist::world().size() > 1) {  // one process per GPU, gradients on NCCL
     const std::string n = std::to_string(dist::world().size());
-    check(dims_.tp == 1 && dims_.ep == 1 && dims_.cp == 1,
-          "on a device titan's parallelism is data parallelism for now (FSDP, HSDP, DDP; tensor "
-          "and expert parallelism move host memory): set --parallelism.tensor_parallel_degree 1 "
-          "--parallelism.expert_parallel_degree 1 --parallelism.context_parallel_degree 1, or "
-          "--training.device cpu");
+    check(dims_.tp == 1 && dims_.cp == 1,
+          "on a device titan's parallelism is FSDP, HSDP, DDP and expert parallelism for now "
+          "(tensor parallelism moves host memory): set --parallelism.tensor_parallel_degree 1 "
+          "--parallelism.context_parallel_degree 1, or --training.device cpu");
     check(device != "cuda" || dist::nccl_built(),
           "training.device cuda on " + n +
               " ranks: this titan was built without NCCL (CMake found no nccl.h and libnccl "
@@ -122,10 +121,15 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     if (device == "cuda") ops::select_cuda_device(local_rank());
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
-  // On a device the gradients and parameters move over its own collectives (NCCL on GPUs).
+  // On a device the gradients, parameters and dispatched rows move over its own collectives
+  // (NCCL on GPUs).
   if (device != "cpu" && dims_.dp_replicate > 1)
     grad_replicate_ = dist::device_group(device, *mesh_.replicate);
   if (device != "cpu" && dims_.dp_shard > 1) fsdp_group_ = dist::device_group(device, *mesh_.fsdp);
+  if (device != "cpu" && dims_.ep > 1) {  // the dispatched rows; the experts' FSDP over efsdp
+    ep_rows_ = dist::device_group(device, *mesh_.ep);
+    if (dims_.dp_shard > 1) efsdp_group_ = dist::device_group(device, *mesh_.efsdp);
+  }
   const auto& t = cfg_.training;
   // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
   // first a plan-only model (parameter list and size table, no storage) for the vocabulary and
@@ -187,7 +191,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (dims_.ep > 1) {  // the dispatch around each MoE layer's experts op, over the EP group
     ep_buffers_ = dispatch_buffers();
     bo.wrap_experts = [this](ops::GroupedExpertsOp op) {
-      return expert_parallel(std::move(op), *mesh_.ep, ep_buffers_);
+      return expert_parallel(std::move(op), *mesh_.ep, ep_buffers_, ep_rows_.get());
     };
   }
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
@@ -228,10 +232,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
   const int64_t n = model_->num_params();
   if (dims_.sharded())
-    fsdp_ = std::make_unique<Fsdp>(*model_, backend, fsdp_group_ ? *fsdp_group_ : *mesh_.fsdp,
-                                   cfg_.parallelism.fsdp_reshard_after_forward,
-                                   t.mixed_precision_param == "bfloat16",
-                                   dims_.ep > 1 ? mesh_.efsdp.get() : nullptr);
+    fsdp_ = std::make_unique<Fsdp>(
+        *model_, backend, fsdp_group_ ? *fsdp_group_ : *mesh_.fsdp,
+        cfg_.parallelism.fsdp_reshard_after_forward, t.mixed_precision_param == "bfloat16",
+        dims_.ep > 1 ? (efsdp_group_ ? efsdp_group_.get() : mesh_.efsdp.get()) : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len, backend.memory());
   v_.resize(shard_len, backend.memory());
@@ -408,10 +412,14 @@ StepResult Trainer::step() {
   auto dp_sent = [this] {  // the gradients' and parameters' collectives (experts: efsdp's)
     return mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() + mesh_.efsdp->bytes_sent() +
            (grad_replicate_ ? grad_replicate_->bytes_sent() : 0) +
-           (fsdp_group_ ? fsdp_group_->bytes_sent() : 0);
+           (fsdp_group_ ? fsdp_group_->bytes_sent() : 0) +
+           (efsdp_group_ ? efsdp_group_->bytes_sent() : 0);
   };
   const int64_t sent0 = dp_sent();
-  const int64_t ep0 = mesh_.ep->bytes_sent(), tp0 = mesh_.tp->bytes_sent();
+  auto ep_sent = [this] {
+    return mesh_.ep->bytes_sent() + (ep_rows_ ? ep_rows_->bytes_sent() : 0);
+  };
+  const int64_t ep0 = ep_sent(), tp0 = mesh_.tp->bytes_sent();
   const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
   const DispatchSeconds ep_t0 = ep_buffers_ ? dispatch_seconds(*ep_buffers_) : DispatchSeconds{};
   if (fsdp_)
@@ -464,7 +472,7 @@ StepResult Trainer::step() {
   }
   reduce_and_update(r);
   step_comm_bytes_ += dp_sent() - sent0;
-  ep_comm_bytes_ += mesh_.ep->bytes_sent() - ep0;
+  ep_comm_bytes_ += ep_sent() - ep0;
   tp_comm_bytes_ += mesh_.tp->bytes_sent() - tp0;
   if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
   if (ep_buffers_) {

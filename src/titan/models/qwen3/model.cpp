@@ -120,9 +120,9 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   }
   check(!tp_.ep_active() || (a_.is_moe() && E % tp_.ep_size == 0),
         "expert parallelism needs a MoE model whose num_experts the degree divides");
-  check(!dev_ || (!tp_.active() && !tp_.ep_active()),
-        "tensor and expert parallelism run on the CPU only (device " + device +
-            ": their collectives move host memory); use --training.device cpu");
+  check(!dev_ || !tp_.active(),
+        "tensor parallelism runs on the CPU only (device " + device +
+            ": its collectives move host memory); use --training.device cpu");
   const int64_t P = tp_.size;
   hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
   qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = tp_.ep_active() ? Fm : Fm / P;
