@@ -46,6 +46,30 @@ TEST(EmbeddingTest, ForwardCopiesRows) {
     for (int64_t c = 0; c < D; ++c) ASSERT_EQ(out[t * D + c], table[ids[t] * D + c]);
 }
 
+// The vocabulary shard [v0, v0 + vl): the rows of ids in it (zeros for the others); the backward
+// adds to those rows alone, the same sums as the whole table's backward restricted to them.
+TEST(EmbeddingTest, RangeFormsAreTheWholeTablesRestricted) {
+  const int64_t V = 11, D = 13, T = 40, v0 = 3, vl = 5;
+  std::mt19937 g(3);
+  const auto table = uniform(V * D, g, -1.f, 1.f), dout = uniform(T * D, g, -1.f, 1.f);
+  std::vector<int32_t> ids(T);
+  for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t * 7 + 3) % V);
+  std::vector<float> whole(T * D), part(T * D, -1.f);
+  embedding_fwd(ids.data(), T, table.data(), V, D, whole.data());
+  embedding_fwd_range(ids.data(), T, table.data() + v0 * D, V, v0, vl, D, part.data());
+  for (int64_t t = 0; t < T; ++t) {
+    const bool mine = ids[t] >= v0 && ids[t] < v0 + vl;
+    for (int64_t c = 0; c < D; ++c) ASSERT_EQ(part[t * D + c], mine ? whole[t * D + c] : 0.f);
+  }
+  std::vector<float> dwhole(V * D, 0.f), dpart(vl * D, 0.f);
+  embedding_bwd(ids.data(), T, dout.data(), D, dwhole.data());
+  embedding_bwd_range(ids.data(), T, dout.data(), v0, vl, D, dpart.data());
+  EXPECT_EQ(dpart, std::vector<float>(dwhole.begin() + v0 * D, dwhole.begin() + (v0 + vl) * D));
+  std::vector<int32_t> bad = ids;
+  bad[5] = static_cast<int32_t>(V);
+  EXPECT_THROW(embedding_fwd_range(bad.data(), T, table.data(), V, v0, vl, D, part.data()), Error);
+}
+
 // dtable[ids[t]] += dout[t]: repeated ids sum, untouched rows keep their previous value.
 TEST(EmbeddingTest, BackwardAccumulatesFiniteDifferenceGradient) {
   const int64_t V = 11, D = 13, T = 17;

@@ -49,6 +49,8 @@ std::vector<std::string> Backend::missing() const {
   need(memset, "memset");
   need(embedding_fwd, "embedding_fwd");
   need(embedding_bwd, "embedding_bwd");
+  need(embedding_fwd_range, "embedding_fwd_range");
+  need(embedding_bwd_range, "embedding_bwd_range");
   need(rmsnorm_fwd, "rmsnorm_fwd");
   need(rmsnorm_bwd, "rmsnorm_bwd");
   need(rope_table, "rope_table");
@@ -70,6 +72,7 @@ std::vector<std::string> Backend::missing() const {
   need(attention_bwd, "attention_bwd");
   need(attention_cached, "attention_cached");
   need(lm_head_ce, "lm_head_ce");
+  need(lm_head_ce_vocab_parallel, "lm_head_ce_vocab_parallel");
   need(router_fwd, "router_fwd");
   need(router_bwd, "router_bwd");
   need(topk_rows, "topk_rows");

@@ -44,6 +44,8 @@ struct Backend {
   // ---- kernels: the signature of the op of the same name (no default arguments)
   decltype(&ops::embedding_fwd) embedding_fwd = nullptr;  // elementwise.h
   decltype(&ops::embedding_bwd) embedding_bwd = nullptr;
+  decltype(&ops::embedding_fwd_range) embedding_fwd_range = nullptr;  // tensor parallelism
+  decltype(&ops::embedding_bwd_range) embedding_bwd_range = nullptr;
   decltype(&ops::rmsnorm_fwd) rmsnorm_fwd = nullptr;
   decltype(&ops::rmsnorm_bwd) rmsnorm_bwd = nullptr;
   decltype(&ops::rope_table) rope_table = nullptr;
@@ -65,7 +67,8 @@ struct Backend {
   decltype(&ops::attention_bwd) attention_bwd = nullptr;
   decltype(&ops::attention_cached) attention_cached = nullptr;  // generation (fp32)
   decltype(&ops::lm_head_ce) lm_head_ce = nullptr;              // loss.h
-  decltype(&ops::router_fwd) router_fwd = nullptr;              // router.h
+  decltype(&ops::lm_head_ce_vocab_parallel) lm_head_ce_vocab_parallel = nullptr;  // (fp32, bf16)
+  decltype(&ops::router_fwd) router_fwd = nullptr;                                // router.h
   decltype(&ops::router_bwd) router_bwd = nullptr;
   decltype(&ops::topk_rows) topk_rows = nullptr;
   decltype(&ops::count_experts) count_experts = nullptr;

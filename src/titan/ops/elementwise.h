@@ -10,6 +10,14 @@ void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V,
                    float* out);
 // Backward of embedding_fwd: dtable[ids[t], :] += dout[t, :]. Deterministic (column-parallel).
 void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable);
+// The vocabulary-parallel form (tensor parallelism: this rank holds table rows [v0, v0 + vl),
+// `table` pointing at row v0): out[t] = table[ids[t] − v0] for ids in the range, zeros for the
+// others (ids outside [0, V) throw as embedding_fwd's); the backward adds dout[t] to the rows of
+// the ids in the range only, each row's tokens in order (embedding_bwd's sums).
+void embedding_fwd_range(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t v0,
+                         int64_t vl, int64_t D, float* out);
+void embedding_bwd_range(const int32_t* ids, int64_t T, const float* dout, int64_t v0, int64_t vl,
+                         int64_t D, float* dtable);
 
 // ---- RMSNorm over rows of length N (HF Qwen3RMSNorm, fp32): y = w ⊙ x·rstd,
 // rstd = 1/sqrt(mean(x²) + eps). Rows are (t, h) for t < T, h < H: row (t,h) of x starts at

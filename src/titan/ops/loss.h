@@ -65,8 +65,11 @@ class RankReducer {
   virtual void max(float* x, int64_t n) = 0;
 };
 // scratch floats (bf16: with the bf16 operands).
-int64_t lm_head_ce_vocab_parallel_scratch(int64_t T, int64_t Vr, int64_t D, int64_t chunk_rows,
-                                          bool bf16);
+inline int64_t lm_head_ce_vocab_parallel_scratch(int64_t T, int64_t Vr, int64_t D,
+                                                 int64_t chunk_rows, bool bf16) {
+  const int64_t n = T < chunk_rows ? T : chunk_rows;
+  return n * Vr + 3 * n + (bf16 ? (n * Vr + n * D + 1) / 2 : 0);
+}
 LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t* w_bf16,
                                   const int32_t* labels, int64_t T, int64_t D, int64_t V,
                                   int64_t v0, int64_t Vr, int64_t chunk_rows, float grad_scale,

@@ -113,6 +113,14 @@ void test_embedding() {
   ops::embedding_bwd(ids.data(), T, dout.data(), D, dtable.data());
   cu::embedding_bwd(d_ids.p, T, d_dout.p, D, d_dtable.p);
   report("embedding_bwd (sums in token order)", rel_diff(d_dtable.host(), dtable), 0);
+  // Tensor parallelism's vocabulary shard: rows [100, 220) of the table.
+  const int64_t v0 = 100, vl = 120;
+  ops::embedding_fwd_range(ids.data(), T, table.data() + v0 * D, V, v0, vl, D, out.data());
+  cu::embedding_fwd_range(d_ids.p, T, d_table.p + v0 * D, V, v0, vl, D, d_out.p);
+  report("embedding_fwd_range", rel_diff(d_out.host(), out), 0);
+  ops::embedding_bwd_range(ids.data(), T, dout.data(), v0, vl, D, dtable.data() + v0 * D);
+  cu::embedding_bwd_range(d_ids.p, T, d_dout.p, v0, vl, D, d_dtable.p + v0 * D);
+  report("embedding_bwd_range", rel_diff(d_dtable.host(), dtable), 0);
   std::vector<int32_t> bad = ids;
   bad[17] = static_cast<int32_t>(V);
   Dev<int32_t> d_bad(bad);
@@ -357,6 +365,21 @@ void test_lm_head_ce() {
     report(name + " loss", std::fabs(r.sum - loss) / loss, tol);
     report(name + " dh", rel_diff(d_dh.host(), dh_ref), tol);
     report(name + " dw +=", rel_diff(d_dw.host(), dw_ref), tol);
+    // The vocabulary-parallel form on one rank (the whole vocabulary; the group's reductions are
+    // the identity): the same loss and gradients.
+    struct One final : ops::RankReducer {
+      void sum(float*, int64_t) override {}
+      void max(float*, int64_t) override {}
+    } one;
+    Dev<float> d_dh2(T * D), d_dw2(dw0),
+        d_scratch2(ops::lm_head_ce_vocab_parallel_scratch(T, V, D, chunk, bf16));
+    const ops::LossSum p =
+        cu::lm_head_ce_vocab_parallel(d_h.p, d_w.p, bf16 ? d_w16.p : nullptr, d_labels.p, T, D, V,
+                                      0, V, chunk, scale, d_dh2.p, d_dw2.p, d_scratch2.p, one);
+    report(name + " vocab-parallel (1 rank) valid count", p.count != valid, 0);
+    report(name + " vocab-parallel (1 rank) loss", std::fabs(p.sum - loss) / loss, tol);
+    report(name + " vocab-parallel (1 rank) dh", rel_diff(d_dh2.host(), dh_ref), tol);
+    report(name + " vocab-parallel (1 rank) dw +=", rel_diff(d_dw2.host(), dw_ref), tol);
   }
   std::vector<int32_t> bad = labels;
   bad[11] = static_cast<int32_t>(V);

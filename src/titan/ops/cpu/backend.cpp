@@ -34,6 +34,8 @@ Backend cpu_backend() {
   b.memset = host_memset;
   b.embedding_fwd = ops::embedding_fwd;
   b.embedding_bwd = ops::embedding_bwd;
+  b.embedding_fwd_range = ops::embedding_fwd_range;
+  b.embedding_bwd_range = ops::embedding_bwd_range;
   b.rmsnorm_fwd = ops::rmsnorm_fwd;
   b.rmsnorm_bwd = ops::rmsnorm_bwd;
   b.rope_table = ops::rope_table;
@@ -55,6 +57,7 @@ Backend cpu_backend() {
   b.attention_bwd = ops::attention_bwd;
   b.attention_cached = ops::attention_cached;
   b.lm_head_ce = ops::lm_head_ce;
+  b.lm_head_ce_vocab_parallel = ops::lm_head_ce_vocab_parallel;
   b.router_fwd = ops::router_fwd;
   b.router_bwd = ops::router_bwd;
   b.topk_rows = ops::topk_rows;

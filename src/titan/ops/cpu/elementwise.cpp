@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "titan/core/error.h"
@@ -72,25 +73,47 @@ constexpr int64_t kChunk =
 
 }  // namespace
 
-void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
-                   float* out) {
+namespace {
+void check_ids(const int32_t* ids, int64_t T, int64_t V) {
   for (int64_t t = 0; t < T; ++t)
     check(ids[t] >= 0 && ids[t] < V, "token id " + std::to_string(ids[t]) + " at position " +
                                          std::to_string(t) + " is outside the vocabulary [0, " +
                                          std::to_string(V) +
                                          "); check the tokenizer and model.vocab_size");
+}
+}  // namespace
+
+void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
+                   float* out) {
+  embedding_fwd_range(ids, T, table, V, 0, V, D, out);
+}
+
+void embedding_fwd_range(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t v0,
+                         int64_t vl, int64_t D, float* out) {
+  check_ids(ids, T, V);
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) std::copy_n(table + ids[t] * D, D, out + t * D);
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids[t] >= v0 && ids[t] < v0 + vl)
+      std::copy_n(table + (ids[t] - v0) * D, D, out + t * D);
+    else
+      std::fill_n(out + t * D, D, 0.0f);
+  }
 }
 
 void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable) {
+  embedding_bwd_range(ids, T, dout, 0, std::numeric_limits<int32_t>::max(), D, dtable);
+}
+
+void embedding_bwd_range(const int32_t* ids, int64_t T, const float* dout, int64_t v0, int64_t vl,
+                         int64_t D, float* dtable) {
   // Each thread owns a slice of columns and walks all tokens in order: no races, fixed order.
 #pragma omp parallel
   {
     int nt = omp_get_num_threads(), id = omp_get_thread_num();
     int64_t c0 = D * id / nt, c1 = D * (id + 1) / nt;
     for (int64_t t = 0; t < T; ++t) {
-      float* dst = dtable + ids[t] * D;
+      if (ids[t] < v0 || ids[t] >= v0 + vl) continue;
+      float* dst = dtable + (ids[t] - v0) * D;
       const float* src = dout + t * D;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
     }

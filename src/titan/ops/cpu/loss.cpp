@@ -106,12 +106,6 @@ LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels
   return lm_head_ce_impl(h, w, labels, T, D, V, chunk_rows, grad_scale, dh, dw, scratch);
 }
 
-int64_t lm_head_ce_vocab_parallel_scratch(int64_t T, int64_t Vr, int64_t D, int64_t chunk_rows,
-                                          bool bf16) {
-  const int64_t n = std::min(T, chunk_rows);
-  return n * Vr + 3 * n + (bf16 ? (n * Vr + n * D + 1) / 2 : 0);
-}
-
 LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t* w_bf16,
                                   const int32_t* labels, int64_t T, int64_t D, int64_t V,
                                   int64_t v0, int64_t Vr, int64_t chunk_rows, float grad_scale,

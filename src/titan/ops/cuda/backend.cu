@@ -16,6 +16,8 @@ Backend backend(bool bf16) {
   b.memset = &cuda::memset;
   b.embedding_fwd = &cuda::embedding_fwd;
   b.embedding_bwd = &cuda::embedding_bwd;
+  b.embedding_fwd_range = &cuda::embedding_fwd_range;
+  b.embedding_bwd_range = &cuda::embedding_bwd_range;
   b.rmsnorm_fwd = &cuda::rmsnorm_fwd;
   b.rmsnorm_bwd = &cuda::rmsnorm_bwd;
   b.rope_table = &cuda::rope_table;
@@ -37,6 +39,7 @@ Backend backend(bool bf16) {
   b.attention_bwd = bf16 ? &cuda::attention_bwd_bf16 : &cuda::attention_bwd;
   b.attention_cached = &cuda::attention_cached;
   b.lm_head_ce = &cuda::lm_head_ce;
+  b.lm_head_ce_vocab_parallel = &cuda::lm_head_ce_vocab_parallel;
   b.router_fwd = &cuda::router_fwd;
   b.router_bwd = &cuda::router_bwd;
   b.topk_rows = &cuda::topk_rows;

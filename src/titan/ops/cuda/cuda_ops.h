@@ -59,6 +59,10 @@ void synchronize();  // waits for every kernel launched; throws titan::Error on 
 // device-to-host read of the first bad position).
 void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
                    float* out);
+void embedding_fwd_range(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t v0,
+                         int64_t vl, int64_t D, float* out);
+void embedding_bwd_range(const int32_t* ids, int64_t T, const float* dout, int64_t v0, int64_t vl,
+                         int64_t D, float* dtable);
 void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable);
 void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, float* y,
                  float* rstd);
@@ -116,6 +120,10 @@ void attention_cached(const float* q, int64_t ldq, const float* const* k, const 
 LossSum lm_head_ce(const float* h, const float* w, const int32_t* labels, int64_t T, int64_t D,
                    int64_t V, int64_t chunk_rows, float grad_scale, float* dh, float* dw,
                    float* scratch);
+LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t* w_bf16,
+                                  const int32_t* labels, int64_t T, int64_t D, int64_t V,
+                                  int64_t v0, int64_t Vr, int64_t chunk_rows, float grad_scale,
+                                  float* dh, float* dw, float* scratch, RankReducer& red);
 LossSum lm_head_ce_bf16(const float* h, const uint16_t* w, const int32_t* labels, int64_t T,
                         int64_t D, int64_t V, int64_t chunk_rows, float grad_scale, float* dh,
                         float* dw, float* scratch);

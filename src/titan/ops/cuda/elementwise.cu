@@ -2,6 +2,7 @@
 //   embedding_fwd  out[T,D] = table[ids[t], :]                      (ids checked on the device)
 //   embedding_bwd  dtable[V,D] += Σ_t dout[t,:] at row ids[t]        (tokens sorted by id,
 //                  stably, then each row summed in token order: the CPU's order, no atomics)
+//   embedding_fwd_range / embedding_bwd_range: the same over table rows [v0, v0 + vl) only
 //   rmsnorm_fwd    y = w ⊙ x·rstd, rstd = 1/sqrt(mean(x²) + eps)     per row of N (T·H rows)
 //   rmsnorm_bwd    dx = rstd·(dy⊙w − x̂·mean(dy⊙w⊙x̂)); dw += Σ_rows dy⊙x̂ (backward of
 //                  rmsnorm_fwd; dw in 32 fixed row blocks, then the blocks in order, as the CPU)
@@ -40,23 +41,33 @@ __global__ void iota_k(int32_t* x, int64_t n) {
     x[i] = static_cast<int32_t>(i);
 }
 
-__global__ void gather_rows(const int32_t* ids, int64_t T, const float* table, int64_t D,
-                            float* out) {
+// out[t] = table[ids[t] − v0] for ids in [v0, v0 + vl), else zeros.
+__global__ void gather_rows(const int32_t* ids, int64_t T, const float* table, int64_t v0,
+                            int64_t vl, int64_t D, float* out) {
   const int64_t n = T * D;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / D, c = i % D;
-    out[i] = table[static_cast<int64_t>(ids[t]) * D + c];
+    const int64_t t = i / D, c = i % D, id = ids[t];
+    out[i] = id >= v0 && id < v0 + vl ? table[(id - v0) * D + c] : 0.0f;
   }
 }
 
-// One block per sorted position that starts a run of equal ids: adds the run's rows, in token
-// order, to that id's row.
+// The sort keys of the backward: ids[t] − v0 in the range, vl (past every row) elsewhere.
+__global__ void range_keys(const int32_t* ids, int64_t T, int64_t v0, int64_t vl, int32_t* keys) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < T;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t id = ids[t];
+    keys[t] = static_cast<int32_t>(id >= v0 && id < v0 + vl ? id - v0 : vl);
+  }
+}
+
+// One block per sorted position that starts a run of equal ids below `limit`: adds the run's
+// rows, in token order, to that id's row.
 __global__ void scatter_runs(const int32_t* sorted_ids, const int32_t* tokens, int64_t T,
-                             const float* dout, int64_t D, float* dtable) {
+                             int64_t limit, const float* dout, int64_t D, float* dtable) {
   for (int64_t i = blockIdx.x; i < T; i += gridDim.x) {
     const int32_t id = sorted_ids[i];
-    if (i > 0 && sorted_ids[i - 1] == id) continue;
+    if (id >= limit || (i > 0 && sorted_ids[i - 1] == id)) continue;
     int64_t end = i + 1;
     while (end < T && sorted_ids[end] == id) ++end;
     float* dst = dtable + static_cast<int64_t>(id) * D;
@@ -258,6 +269,11 @@ int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit) {
 
 void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
                    float* out) {
+  embedding_fwd_range(ids, T, table, V, 0, V, D, out);
+}
+
+void embedding_fwd_range(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t v0,
+                         int64_t vl, int64_t D, float* out) {
   if (T <= 0) return;
   int32_t id = 0;
   const int64_t bad = first_outside(ids, T, 0, V, kNoException, &id);
@@ -265,27 +281,33 @@ void embedding_fwd(const int32_t* ids, int64_t T, const float* table, int64_t V,
     throw Error("token id " + std::to_string(id) + " at position " + std::to_string(bad) +
                 " is outside the vocabulary [0, " + std::to_string(V) +
                 "); check the tokenizer and model.vocab_size");
-  gather_rows<<<grid(T * D), kThreads, 0, stream()>>>(ids, T, table, D, out);
+  gather_rows<<<grid(T * D), kThreads, 0, stream()>>>(ids, T, table, v0, vl, D, out);
   TITAN_CUDA_LAUNCHED("embedding_fwd");
 }
 
 void embedding_bwd(const int32_t* ids, int64_t T, const float* dout, int64_t D, float* dtable) {
+  embedding_bwd_range(ids, T, dout, 0, (int64_t{1} << 31) - 1, D, dtable);
+}
+
+void embedding_bwd_range(const int32_t* ids, int64_t T, const float* dout, int64_t v0, int64_t vl,
+                         int64_t D, float* dtable) {
   if (T <= 0) return;
   check(T < (int64_t{1} << 31), "embedding_bwd: more than 2^31 tokens");
   const int n = static_cast<int>(T);
-  Temp<int32_t> order(T), sorted_ids(T), sorted_tokens(T);
+  Temp<int32_t> keys(T), order(T), sorted_ids(T), sorted_tokens(T);
+  range_keys<<<grid(T), kThreads, 0, stream()>>>(ids, T, v0, vl, keys.get());
   iota_k<<<grid(T), kThreads, 0, stream()>>>(order.get(), T);
-  TITAN_CUDA_LAUNCHED("embedding_bwd (token order)");
+  TITAN_CUDA_LAUNCHED("embedding_bwd (keys, token order)");
   size_t temp_bytes = 0;
-  TITAN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, ids, sorted_ids.get(),
-                                                   order.get(), sorted_tokens.get(), n, 0, 32,
-                                                   stream()));
+  TITAN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.get(),
+                                                   sorted_ids.get(), order.get(),
+                                                   sorted_tokens.get(), n, 0, 32, stream()));
   Temp<unsigned char> temp(static_cast<int64_t>(temp_bytes));
-  TITAN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, ids, sorted_ids.get(),
-                                                   order.get(), sorted_tokens.get(), n, 0, 32,
-                                                   stream()));
+  TITAN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys.get(),
+                                                   sorted_ids.get(), order.get(),
+                                                   sorted_tokens.get(), n, 0, 32, stream()));
   const unsigned blocks = static_cast<unsigned>(T < 65535 ? T : 65535);
-  scatter_runs<<<blocks, 128, 0, stream()>>>(sorted_ids.get(), sorted_tokens.get(), T, dout, D,
+  scatter_runs<<<blocks, 128, 0, stream()>>>(sorted_ids.get(), sorted_tokens.get(), T, vl, dout, D,
                                              dtable);
   TITAN_CUDA_LAUNCHED("embedding_bwd");
 }
