@@ -213,16 +213,17 @@ TEST(DeviceTraining, CheckpointsResumeOnTheDeviceAndOnTheCpu) {
   std::filesystem::remove_all(dir);
 }
 
-// FSDP and expert parallelism on a device (train/fsdp.h, train/expert_parallel.h): masters,
-// gradient shard, staging and dispatched rows in its memory, the copies, bf16 rounding and
-// widening, gradient sums and row moves through its backend, the collectives over its memory
+// FSDP, expert and tensor parallelism on a device (train/fsdp.h, train/expert_parallel.h,
+// train/tensor_parallel.h): masters, gradient shard, staging, dispatched rows and the TP
+// activations in its memory, the copies, bf16 rounding and widening, gradient sums, row moves,
+// the vocabulary-parallel embedding and loss through its backend, the collectives over its memory
 // (dist/device_group.h; for hostdev, whose memory is the host's, an MPI group). The test runs
-// itself on 2 ranks under mpirun; each rank trains FSDP 2 (and EP 2 over the same ranks) on the
-// CPU and then on hostdev and expects the bits (fp32 and bf16 gathers, dense and MoE), and a
-// sharded checkpoint the hostdev run writes (masters and moments fetched) resumes on the CPU to
-// the uninterrupted run's bits.
-TEST(DeviceTraining, FsdpAndEpOnTwoRanksGiveTheCpuRunsBits) {
-  const std::string name = "DeviceTraining.FsdpAndEpOnTwoRanksGiveTheCpuRunsBits";
+// itself on 2 ranks under mpirun; each rank trains FSDP 2 (with EP 2 over the same ranks), or
+// TP 2 (sequence parallel on and off), on the CPU and then on hostdev and expects the bits (fp32
+// and bf16, dense and MoE), and a sharded checkpoint the hostdev run writes (masters and moments
+// fetched) resumes on the CPU to the uninterrupted run's bits.
+TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
+  const std::string name = "DeviceTraining.ParallelismOnTwoRanksGivesTheCpuRunsBits";
   const char* shared = std::getenv("TITAN_DEVICE_FSDP_DIR");
   if (!shared) {  // the launcher
     if (!dist_test::have_mpirun()) GTEST_SKIP() << "mpirun not found";
@@ -240,34 +241,42 @@ TEST(DeviceTraining, FsdpAndEpOnTwoRanksGiveTheCpuRunsBits) {
   if (!dist::has_device_group("hostdev"))
     dist::register_device_group("hostdev",
                                 [](dist::Communicator& h) { return h.split(0, h.rank()); });
-  auto fsdp_job = [](const std::string& device, bool moe, bool bf16, int ep) {
-    config::JobConfig c = job(device, moe, bf16);
-    c.parallelism.data_parallel_shard_degree = 2;
-    c.parallelism.expert_parallel_degree = ep;
-    c.training.global_batch_size = 8;  // two microbatches per rank
+  struct Case {
+    bool moe, bf16;
+    int ep = 1, tp = 1;
+    bool sp = true;
+  };
+  auto parallel_job = [](const std::string& device, const Case& k) {
+    config::JobConfig c = job(device, k.moe, k.bf16);
+    c.parallelism.data_parallel_shard_degree = k.tp > 1 ? 1 : 2;
+    c.parallelism.expert_parallel_degree = k.ep;
+    c.parallelism.tensor_parallel_degree = k.tp;
+    c.parallelism.enable_sequence_parallel = k.sp;
+    c.training.global_batch_size = k.tp > 1 ? 4 : 8;  // two microbatches per rank
     return c;
   };
   Trained moe_bf16;
-  struct Case {
-    bool moe, bf16;
-    int ep;
-  };
-  for (const Case k : {Case{false, false, 1},
-                       {false, true, 1},
-                       {true, true, 1},
-                       {true, false, 2},
-                       {true, true, 2}}) {
+  const Case cases[] = {{false, false},
+                        {false, true},
+                        {true, true},
+                        {true, false, 2},
+                        {true, true, 2},
+                        {false, false, 1, 2},
+                        {false, true, 1, 2, false},
+                        {true, true, 1, 2}};
+  for (const Case& k : cases) {
     const std::string what = std::string(k.moe ? "moe" : "dense") + (k.bf16 ? " bf16" : " fp32") +
+                             (k.tp > 1 ? std::string(" TP 2") + (k.sp ? " SP" : "") : " FSDP 2") +
                              (k.ep > 1 ? " EP 2" : "");
     const int before = g_allocs;
-    const Trained cpu = train_steps(fsdp_job("cpu", k.moe, k.bf16, k.ep), 4);
-    const Trained dev = train_steps(fsdp_job("hostdev", k.moe, k.bf16, k.ep), 4);
+    const Trained cpu = train_steps(parallel_job("cpu", k), 4);
+    const Trained dev = train_steps(parallel_job("hostdev", k), 4);
     EXPECT_GT(g_allocs, before) << what;
     EXPECT_LT(cpu.loss[3], cpu.loss[0]) << what;
-    expect_same(cpu, dev, "FSDP " + what);
+    expect_same(cpu, dev, what);
     if (k.moe && k.bf16 && k.ep == 2) moe_bf16 = dev;
   }
-  config::JobConfig c = fsdp_job("hostdev", true, true, 2);
+  config::JobConfig c = parallel_job("hostdev", Case{true, true, 2});
   c.dump_folder = shared;
   c.checkpoint.enable = true;
   c.checkpoint.interval = 2;

@@ -39,7 +39,8 @@ inline ShardRange shard_range(int64_t n, int rank, int P) {
 }
 
 // The collectives of the tp group, in the model's words. Every rank of the group calls them in
-// the same order with the same sizes.
+// the same order with the same sizes. The float buffers are the model's memory (a device's off
+// the CPU); all_reduce_f64's are host memory (statistics).
 class TpHooks {
  public:
   virtual ~TpHooks() = default;

@@ -50,12 +50,12 @@ const std::vector<int64_t>& TensorParallel::counts(int64_t n) {
 
 void TensorParallel::all_reduce(float* x, int64_t n) {
   Timed t{seconds_};
-  tp_.all_reduce(x, n);
+  data_.all_reduce(x, n);
 }
 
 void TensorParallel::all_reduce_max(float* x, int64_t n) {
   Timed t{seconds_};
-  tp_.all_reduce(x, n, dist::ReduceOp::max);
+  data_.all_reduce(x, n, dist::ReduceOp::max);
 }
 
 void TensorParallel::all_reduce_f64(double* x, int64_t n) {
@@ -65,13 +65,17 @@ void TensorParallel::all_reduce_f64(double* x, int64_t n) {
 
 void TensorParallel::all_gather(const float* in, float* out, int64_t n) {
   Timed t{seconds_};
-  std::memcpy(out + tp_.rank() * n, in, static_cast<size_t>(n) * sizeof(float));
-  tp_.all_gather(out, counts(n));
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (mem_.host())
+    std::memcpy(out + tp_.rank() * n, in, bytes);
+  else
+    mem_.copy(out + tp_.rank() * n, in, bytes);
+  data_.all_gather(out, counts(n));
 }
 
 void TensorParallel::reduce_scatter(const float* in, float* out, int64_t n) {
   Timed t{seconds_};
-  tp_.reduce_scatter(in, out, counts(n));
+  data_.reduce_scatter(in, out, counts(n));
 }
 
 namespace {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "titan/config/job_config.h"
+#include "titan/core/device.h"
 #include "titan/dist/communicator.h"
 #include "titan/models/model.h"
 
@@ -33,7 +34,11 @@ struct TpMoe {
 
 class TensorParallel final : public models::TpHooks {
  public:
-  explicit TensorParallel(dist::Communicator& tp) : tp_(tp) {}
+  // tp: the group (host memory); on a device, data: the same ranks over its memory (the float
+  // collectives; dist/device_group.h) and mem its memory functions.
+  explicit TensorParallel(dist::Communicator& tp, dist::Communicator* data = nullptr,
+                          const DeviceMemory& mem = {})
+      : tp_(tp), data_(data ? *data : tp), mem_(mem) {}
 
   void all_reduce(float* x, int64_t n) override;
   void all_reduce_max(float* x, int64_t n) override;
@@ -68,6 +73,8 @@ class TensorParallel final : public models::TpHooks {
  private:
   const std::vector<int64_t>& counts(int64_t n);  // n for every rank
   dist::Communicator& tp_;
+  dist::Communicator& data_;
+  DeviceMemory mem_;
   std::vector<int64_t> counts_;
   double seconds_ = 0;
 };

@@ -108,10 +108,6 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
   if (device != "cpu" && dist::world().size() > 1) {  // one process per GPU, gradients on NCCL
     const std::string n = std::to_string(dist::world().size());
-    check(dims_.tp == 1 && dims_.cp == 1,
-          "on a device titan's parallelism is FSDP, HSDP, DDP and expert parallelism for now "
-          "(tensor parallelism moves host memory): set --parallelism.tensor_parallel_degree 1 "
-          "--parallelism.context_parallel_degree 1, or --training.device cpu");
     check(device != "cuda" || dist::nccl_built(),
           "training.device cuda on " + n +
               " ranks: this titan was built without NCCL (CMake found no nccl.h and libnccl "
@@ -121,11 +117,12 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     if (device == "cuda") ops::select_cuda_device(local_rank());
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
-  // On a device the gradients, parameters and dispatched rows move over its own collectives
-  // (NCCL on GPUs).
+  // On a device the gradients, parameters, dispatched rows and activations move over its own
+  // collectives (NCCL on GPUs).
   if (device != "cpu" && dims_.dp_replicate > 1)
     grad_replicate_ = dist::device_group(device, *mesh_.replicate);
   if (device != "cpu" && dims_.dp_shard > 1) fsdp_group_ = dist::device_group(device, *mesh_.fsdp);
+  if (device != "cpu" && dims_.tp > 1) tp_data_ = dist::device_group(device, *mesh_.tp);
   if (device != "cpu" && dims_.ep > 1) {  // the dispatched rows; the experts' FSDP over efsdp
     ep_rows_ = dist::device_group(device, *mesh_.ep);
     if (dims_.dp_shard > 1) efsdp_group_ = dist::device_group(device, *mesh_.efsdp);
@@ -207,7 +204,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   }
   model_ = models::build_model(cfg_, bo);
   if (dims_.tp > 1) {
-    tp_ = std::make_unique<TensorParallel>(*mesh_.tp);
+    tp_ = std::make_unique<TensorParallel>(*mesh_.tp, tp_data_.get(), backend.memory());
     model_->set_tp_hooks(tp_.get());
   }
   const bool lora = model_->frozen_base() != nullptr;
@@ -419,7 +416,10 @@ StepResult Trainer::step() {
   auto ep_sent = [this] {
     return mesh_.ep->bytes_sent() + (ep_rows_ ? ep_rows_->bytes_sent() : 0);
   };
-  const int64_t ep0 = ep_sent(), tp0 = mesh_.tp->bytes_sent();
+  auto tp_sent = [this] {
+    return mesh_.tp->bytes_sent() + (tp_data_ ? tp_data_->bytes_sent() : 0);
+  };
+  const int64_t ep0 = ep_sent(), tp0 = tp_sent();
   const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
   const DispatchSeconds ep_t0 = ep_buffers_ ? dispatch_seconds(*ep_buffers_) : DispatchSeconds{};
   if (fsdp_)
@@ -473,7 +473,7 @@ StepResult Trainer::step() {
   reduce_and_update(r);
   step_comm_bytes_ += dp_sent() - sent0;
   ep_comm_bytes_ += ep_sent() - ep0;
-  tp_comm_bytes_ += mesh_.tp->bytes_sent() - tp0;
+  tp_comm_bytes_ += tp_sent() - tp0;
   if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
   if (ep_buffers_) {
     const DispatchSeconds t1 = dispatch_seconds(*ep_buffers_);

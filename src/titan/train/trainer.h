@@ -80,10 +80,11 @@ class Trainer {
   // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
   // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
   std::unique_ptr<TensorParallel> tp_;
-  // Data and expert parallelism on a device: the replicate, fsdp, efsdp and ep groups over its
-  // memory (NCCL on GPUs; dist/device_group.h), for the gradients, parameters and dispatched
-  // rows (the host groups keep the scalars: token counts, losses, norms, expert counts).
-  std::unique_ptr<dist::Communicator> grad_replicate_, fsdp_group_, efsdp_group_, ep_rows_;
+  // Parallelism on a device: the replicate, fsdp, efsdp, ep and tp groups over its memory (NCCL
+  // on GPUs; dist/device_group.h), for the gradients, parameters, dispatched rows and
+  // activations (the host groups keep the scalars: token counts, losses, norms, expert counts).
+  std::unique_ptr<dist::Communicator> grad_replicate_, fsdp_group_, efsdp_group_, ep_rows_,
+      tp_data_;
   std::unique_ptr<models::Model> whole_;
   int64_t tp_comm_bytes_ = 0;
   double tp_seconds_ = 0;

@@ -120,9 +120,9 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   }
   check(!tp_.ep_active() || (a_.is_moe() && E % tp_.ep_size == 0),
         "expert parallelism needs a MoE model whose num_experts the degree divides");
-  check(!dev_ || !tp_.active(),
-        "tensor parallelism runs on the CPU only (device " + device +
-            ": its collectives move host memory); use --training.device cpu");
+  check(!dev_ || !(tp_.active() && tp_.ep_active()),
+        "expert parallelism over the tensor-parallel ranks runs on the CPU only (device " + device +
+            "); use --training.device cpu, or EP over the data-parallel ranks");
   const int64_t P = tp_.size;
   hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
   qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = tp_.ep_active() ? Fm : Fm / P;
@@ -264,7 +264,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     }
   }
   seg_.resize(max_tokens_, mem_);
-  if (tp_.active()) tp_gnorm_.assign(static_cast<size_t>(2 * D + 2 * d), 0.0f);
+  if (tp_.active()) tp_gnorm_.resize(2 * D + 2 * d, mem_);
 }
 
 void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
@@ -381,10 +381,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
        : bf16_      ? ops::lm_head_ce_bf16_scratch(T, V, D, loss_chunk_rows_)
                     : ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)},
       &loss_scratch_);
-  if (tp_.active()) {
-    add("tp.buffer", -1, false, {T, D}, &tp_buf_);
-    add("tp.embedding_ids", -1, false, {T}, &tp_ids_);
-  }
+  if (tp_.active()) add("tp.buffer", -1, false, {T, D}, &tp_buf_);
   if (bf16_)  // the bf16 operands of the widest projection's backward: M·(in + out)
     add("linear.bf16_operands", -1, false, {T * std::max({D + QKV, Q + D, D + 2 * F, F + D})},
         &lin_scratch_);
@@ -625,15 +622,7 @@ void Qwen3Model::embedding_forward(const int32_t* ids, int64_t T, float* out) {
     return;
   }
   // Vocab-parallel: the rows of this rank's vocabulary, zeros elsewhere, summed over the group.
-  for (int64_t t = 0; t < T; ++t) {
-    check(ids[t] >= 0 && ids[t] < V, "token id " + std::to_string(ids[t]) + " at position " +
-                                         std::to_string(t) + " is outside the vocabulary of " +
-                                         std::to_string(V));
-    if (ids[t] >= v0_ && ids[t] < v0_ + vl_)
-      be_.copy(tmp_ + t * D, table + (ids[t] - v0_) * D, D * sizeof(float));
-    else
-      std::fill_n(tmp_ + t * D, D, 0.0f);
-  }
+  be_.embedding_fwd_range(ids, T, table, V, v0_, vl_, D, tmp_);
   be_.copy(out, reduce_partial(tmp_, T), local_tokens(T) * D * sizeof(float));
 }
 
@@ -643,16 +632,8 @@ void Qwen3Model::embedding_backward(const int32_t* ids, int64_t T) {
     be_.embedding_bwd(ids, T, dx_, D, grad_at(tok_emb_));
     return;
   }
-  // The gradient rows of the tokens in this rank's vocabulary rows, compacted for the kernel.
-  const float* dy = gathered_grad(T);
-  int64_t n = 0;
-  for (int64_t t = 0; t < T; ++t)
-    if (ids[t] >= v0_ && ids[t] < v0_ + vl_) {
-      tp_ids_[n] = static_cast<int32_t>(ids[t] - v0_);
-      be_.copy(tmp_ + n * D, dy + t * D, D * sizeof(float));
-      ++n;
-    }
-  be_.embedding_bwd(tp_ids_, n, tmp_, D, grad_at(tok_emb_));
+  // The gradient rows of the tokens in this rank's vocabulary rows.
+  be_.embedding_bwd_range(ids, T, gathered_grad(T), v0_, vl_, D, grad_at(tok_emb_));
 }
 
 // Selective AC "op": the block's norms, RoPE and SwiGLU from its kept inputs (x, qkv, h, w13).
@@ -687,7 +668,7 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   // Tensor parallelism: the replicated norms' weight gradients of this backward are collected in
   // tp_gnorm_ (attention_norm, ffn_norm, q_norm, k_norm) and reduced at the end.
   const bool tp_norms = tp_.active() && trainable_;
-  if (tp_norms) std::fill(tp_gnorm_.begin(), tp_gnorm_.end(), 0.0f);
+  if (tp_norms) tp_gnorm_.zero();
   auto norm_grad = [&](int64_t off, int64_t slot) {
     return tp_norms ? tp_gnorm_.data() + slot : grad_at(off);
   };
@@ -801,9 +782,9 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
       void sum(float* x, int64_t n) override { h->all_reduce(x, n); }
       void max(float* x, int64_t n) override { h->all_reduce_max(x, n); }
     } red(tp_hooks_);
-    loss = ops::lm_head_ce_vocab_parallel(
-        xf_, P + lm_head_, bf16_ ? weight_bf16(lm_head_) : nullptr, b.labels, T, D, V, v0_, vl_,
-        loss_chunk_rows_, gs, dh, dw, loss_scratch_, red);
+    loss = be_.lm_head_ce_vocab_parallel(xf_, P + lm_head_, bf16_ ? weight_bf16(lm_head_) : nullptr,
+                                         b.labels, T, D, V, v0_, vl_, loss_chunk_rows_, gs, dh, dw,
+                                         loss_scratch_, red);
   } else {
     loss = bf16_ ? be_.lm_head_ce_bf16(xf_, weight_bf16(lm_head_), b.labels, T, D, V,
                                        loss_chunk_rows_, gs, dh, dw, loss_scratch_)
@@ -819,7 +800,7 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
   // and backward are one use of its unit
   {
     const bool tp_norm = tp_.active() && trainable_;
-    if (tp_norm) std::fill_n(tp_gnorm_.begin(), D, 0.0f);
+    if (tp_norm) be_.memset(tp_gnorm_.data(), 0, sizeof(float) * static_cast<size_t>(D));
     be_.rmsnorm_bwd(rows, reduced_grad(T), h_final_, P + norm_, rstd_f_, dx_,
                     tp_norm ? tp_gnorm_.data() : grad_at(norm_), norm_scratch_);
     if (tp_norm) {

@@ -326,11 +326,10 @@ class Qwen3Model final : public models::Model {
   float *tmp_, *dx_, *dxn_, *dqkv_, *dq_, *dkr_, *do_, *dab_, *dg_, *attn_scratch_, *norm_scratch_,
       *delta_, *loss_scratch_;
   Buffer<int32_t> seg_;  // attention segment starts for the current microbatch
-  // Tensor parallelism: a [T, D] workspace (reduce-scatter and all-gather ends), the token ids of
-  // this rank's vocabulary rows, the replicated norms' gradients of one backward.
+  // Tensor parallelism: a [T, D] workspace (reduce-scatter and all-gather ends), the replicated
+  // norms' gradients of one backward.
   float* tp_buf_ = nullptr;
-  int32_t* tp_ids_ = nullptr;
-  std::vector<float> tp_gnorm_;
+  Buffer<float> tp_gnorm_;
   std::vector<float> tp_ggate_;  // [E, D] moe_local(): one backward's router weight gradient
 };
 
