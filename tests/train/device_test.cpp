@@ -295,6 +295,12 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
     EXPECT_EQ(s.loss, moe_bf16.loss[static_cast<size_t>(i)]) << "step " << i + 1;
     EXPECT_EQ(s.grad_norm, moe_bf16.norm[static_cast<size_t>(i)]) << "step " << i + 1;
   }
+  // EP over the TP ranks (each rank routing its own rows) is CPU-only: one line on every rank.
+  config::JobConfig both = parallel_job("hostdev", Case{true, true, 2, 2});
+  EXPECT_NE(titan::testing::error_of([&] {
+              Trainer(both, titan::testing::fox_docs());
+            }).find("expert parallelism over the tensor-parallel ranks runs on the CPU only"),
+            std::string::npos);
 }
 
 // The host copy of the weights: written on the host, used by the next pass; changed by the
