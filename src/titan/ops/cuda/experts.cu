@@ -77,12 +77,12 @@ __device__ int32_t block_reduce_int(int32_t v) {
 __global__ void count_k(const int32_t* id, int32_t N, int32_t E, int32_t* counts, int32_t* bad) {
   const int32_t e = blockIdx.x;
   int32_t acc = e == E ? N : 0;
-  for (int32_t i = threadIdx.x; i < N; i += blockDim.x) {
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
     const int32_t v = id[i];
     if (e < E)
       acc += v == e;
     else if ((v < 0 || v >= E) && i < acc)
-      acc = i;
+      acc = static_cast<int32_t>(i);
   }
   if (e < E) {
     acc = block_reduce_int<false>(acc);

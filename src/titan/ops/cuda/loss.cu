@@ -183,7 +183,8 @@ LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t
     row_sum_target_k<<<blocks, kThreads, 0, stream()>>>(z, Vr, mx, labels + t0, v0, sum, zt);
     TITAN_CUDA_LAUNCHED("lm_head_ce_vocab_parallel (sum)");
     red.sum(sum, 2 * n);
-    copy(host.data(), mx, sizeof(float) * static_cast<size_t>(3 * n));  // mx | sum | zt
+    copy(host.data(), mx, sizeof(float) * static_cast<size_t>(n));  // mx[n] (of rows)
+    copy(host.data() + n, sum, sizeof(float) * static_cast<size_t>(2 * n));  // sum | zt
     copy(lab.data(), labels + t0, sizeof(int32_t) * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       if (lab[static_cast<size_t>(i)] == kIgnoreIndex) continue;
