@@ -4,11 +4,15 @@
 // dimension, so C = op(A)·op(B) runs as Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ with the operands swapped and the
 // transposes kept. fp32: CUBLAS_COMPUTE_32F (fp32 products and sums, no TF32 rounding of the
 // inputs); bf16: bf16 A and B, fp32 C and accumulation, as the CPU's gemm_bf16.
-// One matmul descriptor, layouts and heuristic algorithm per distinct call shape, cached; one
-// 32 MiB workspace.
+// One matmul descriptor, layouts and heuristic algorithm per distinct call shape and operand
+// alignment, cached; one 32 MiB workspace. (cuBLASLt's heuristic assumes 256-byte-aligned
+// operands unless told otherwise, and an expert's rows or a loss chunk start anywhere: each
+// call's pointer alignments, up to 256 bytes, are part of the plan's key and preferences.)
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <map>
 #include <tuple>
 
@@ -27,6 +31,14 @@ void check_lt(cublasStatus_t s, const char* what) {
 
 constexpr size_t kWorkspace = size_t{32} << 20;
 
+// The largest power of two, at most 256, that divides p's address.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -42,9 +54,10 @@ class Lt {
   cublasLtHandle_t handle() const { return handle_; }
   void* workspace() const { return workspace_; }
   // The plan of one call shape (operands already swapped to the column-major view).
+  // align: the alignments of a, b and c (c is also d).
   const Plan& plan(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
-                   int64_t ldb, int64_t ldc) {
-    const auto key = std::make_tuple(bf16, ta, tb, m, n, k, lda, ldb, ldc);
+                   int64_t ldb, int64_t ldc, const std::array<uint32_t, 3>& align) {
+    const auto key = std::make_tuple(bf16, ta, tb, m, n, k, lda, ldb, ldc, align);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     Plan p;
@@ -65,6 +78,12 @@ class Lt {
     size_t ws = kWorkspace;
     TITAN_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const cublasLtMatmulPreferenceAttributes_t mins[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      TITAN_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, mins[i], &align[i < 3 ? i : 2],
+                                                          sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st =
@@ -86,7 +105,9 @@ class Lt {
   // Lives for the process (the driver may be gone at exit: nothing is destroyed).
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
-  std::map<std::tuple<bool, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, Plan>
+  std::map<std::tuple<bool, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      std::array<uint32_t, 3>>,
+           Plan>
       plans_;
 };
 
@@ -102,7 +123,8 @@ void matmul(bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   }
   Lt& lt = Lt::get();
   // Cᵀ[N,M] = op(B)ᵀ[N,K] · op(A)ᵀ[K,M]: cuBLASLt's A is our B, its B our A.
-  const Plan& p = lt.plan(bf16, trans_b, trans_a, N, M, K, ldb, lda, ldc);
+  const Plan& p = lt.plan(bf16, trans_b, trans_a, N, M, K, ldb, lda, ldc,
+                          {alignment(B), alignment(A), alignment(C)});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   TITAN_LT_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
                                 &p.algo, lt.workspace(), kWorkspace, stream()));

@@ -55,16 +55,21 @@ __global__ void sum_valid_k(const float* ce, const int32_t* labels, int64_t T, d
   out[1] = static_cast<double>(count);
 }
 
-template <bool BF16, typename W>
-LossSum lm_head(const float* h, const W* w, const int32_t* labels, int64_t T, int64_t D, int64_t V,
-                int64_t chunk_rows, float grad_scale, float* dh, float* dw, float* scratch) {
-  LossSum r;
-  if (T <= 0) return r;
+// Every label in [0, V) or -100, checked on the device; the first bad one named.
+void check_labels(const int32_t* labels, int64_t T, int64_t V) {
   int32_t label = 0;
   const int64_t bad = first_outside(labels, T, 0, V, kIgnoreIndex, &label);
   if (bad >= 0)
     throw Error("label " + std::to_string(label) + " at position " + std::to_string(bad) +
                 " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+}
+
+template <bool BF16, typename W>
+LossSum lm_head(const float* h, const W* w, const int32_t* labels, int64_t T, int64_t D, int64_t V,
+                int64_t chunk_rows, float grad_scale, float* dh, float* dw, float* scratch) {
+  LossSum r;
+  if (T <= 0) return r;
+  check_labels(labels, T, V);
   const bool grad = grad_scale != 0.0f && dh != nullptr;
   const int64_t rows = T < chunk_rows ? T : chunk_rows;
   float* logits = scratch;
@@ -151,11 +156,7 @@ LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t
                                   float* dh, float* dw, float* scratch, RankReducer& red) {
   LossSum r;
   if (T <= 0) return r;
-  int32_t label = 0;
-  const int64_t bad = first_outside(labels, T, 0, V, kIgnoreIndex, &label);
-  if (bad >= 0)
-    throw Error("label " + std::to_string(label) + " at position " + std::to_string(bad) +
-                " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -100");
+  check_labels(labels, T, V);
   const bool grad = grad_scale != 0.0f && dh != nullptr;
   const int64_t rows = T < chunk_rows ? T : chunk_rows;
   float* z = scratch;  // the CPU op's layout
@@ -183,7 +184,7 @@ LossSum lm_head_ce_vocab_parallel(const float* h, const float* w, const uint16_t
     row_sum_target_k<<<blocks, kThreads, 0, stream()>>>(z, Vr, mx, labels + t0, v0, sum, zt);
     TITAN_CUDA_LAUNCHED("lm_head_ce_vocab_parallel (sum)");
     red.sum(sum, 2 * n);
-    copy(host.data(), mx, sizeof(float) * static_cast<size_t>(n));  // mx[n] (of rows)
+    copy(host.data(), mx, sizeof(float) * static_cast<size_t>(n));           // mx[n] (of rows)
     copy(host.data() + n, sum, sizeof(float) * static_cast<size_t>(2 * n));  // sum | zt
     copy(lab.data(), labels + t0, sizeof(int32_t) * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
