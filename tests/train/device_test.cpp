@@ -295,6 +295,39 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
     EXPECT_EQ(s.loss, moe_bf16.loss[static_cast<size_t>(i)]) << "step " << i + 1;
     EXPECT_EQ(s.grad_norm, moe_bf16.norm[static_cast<size_t>(i)]) << "step " << i + 1;
   }
+  // The Hugging Face export of an FSDP run, each unit gathered whole and written by its rank
+  // from the host copy: the same files from hostdev as from the CPU.
+  std::vector<std::vector<uint8_t>> shards;
+  for (const std::string device : {"cpu", "hostdev"}) {
+    config::JobConfig e;
+    e.model.hf_assets_path = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/moe_norm";
+    e.checkpoint.initial_load_in_hf = true;
+    e.training.device = device;
+    e.training.mixed_precision_param = "float32";
+    e.training.seq_len = 12;
+    e.training.local_batch_size = 2;
+    e.training.steps = 2;
+    e.parallelism.data_parallel_shard_degree = 2;
+    e.metrics.peak_flops = 1e12;
+    e.metrics.enable_jsonl = false;
+    e.checkpoint.enable = true;
+    e.checkpoint.last_save_in_hf = true;
+    e.dump_folder = std::string(shared) + "/hf_" + device;
+    {
+      Trainer t(e, titan::testing::fox_docs());
+      t.train();
+    }
+    std::vector<uint8_t> all;
+    for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+      std::ifstream in(e.dump_folder + "/checkpoint/step-2/" + f, std::ios::binary);
+      EXPECT_TRUE(in.good()) << device << " " << f;
+      all.insert(all.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    shards.push_back(std::move(all));
+  }
+  EXPECT_GT(shards[0].size(), 1000u);
+  EXPECT_EQ(shards[0], shards[1]) << "the FSDP Hugging Face export differs on hostdev";
+
   // EP over the TP ranks (each rank routing its own rows) is CPU-only: one line on every rank.
   config::JobConfig both = parallel_job("hostdev", Case{true, true, 2, 2});
   EXPECT_NE(titan::testing::error_of([&] {
