@@ -22,16 +22,23 @@ T* at_least(Buffer<T>& b, int64_t n, const DeviceMemory& mem) {
   return b.data();
 }
 
+// An index array computed on the host; `at` is where the kernels read it (place()): host itself on
+// the CPU, else its copy in dev.
+struct Index {
+  std::vector<int32_t> host;
+  Buffer<int32_t> dev;
+  const int32_t* at = nullptr;
+};
+
 // What one layer keeps from its forward to its backward.
 struct LayerState {
   std::vector<int64_t> send, recv;  // rows to / from each rank
-  std::vector<int32_t> slot;        // slot[t·K + j]: the row of (t, j) in the send order
-  std::vector<int32_t> tok;         // tok[t·K + j] = t
-  std::vector<int32_t> idx_in;      // [R] the local expert of each row received
-  Buffer<int32_t> slot_dev, tok_dev, idx_in_dev;  // the three above where the kernels read them
-  Buffer<float> x_in;                             // [R, D] the rows received (the local op's input)
-  Buffer<float> w_in;                             // [R] their routing weight
-  Buffer<float> saved;                            // the local op's saved state
+  Index slot;                       // slot[t·K + j]: the row of (t, j) in the send order
+  Index tok;                        // tok[t·K + j] = t
+  Index idx_in;                     // [R] the local expert of each row received
+  Buffer<float> x_in;               // [R, D] the rows received (the local op's input)
+  Buffer<float> w_in;               // [R] their routing weight
+  Buffer<float> saved;              // the local op's saved state
   int64_t R = 0;
 };
 
@@ -84,12 +91,13 @@ void check_split(const ops::ExpertsShape& s, int P) {
                           ") must be divisible by ep (" + std::to_string(P) + ")");
 }
 
-// A host index array where the kernels read it: itself on the CPU, else its copy in dev.
-const int32_t* placed(const Shared& sh, const std::vector<int32_t>& host, Buffer<int32_t>& dev) {
-  if (sh.mem.host()) return host.data();
-  at_least(dev, static_cast<int64_t>(host.size()), sh.mem);
-  if (!host.empty()) sh.be->copy(dev.data(), host.data(), sizeof(int32_t) * host.size());
-  return dev.data();
+// Sets i.at: i.host on the CPU, else i.host copied into i.dev.
+const int32_t* place(const Shared& sh, Index& i) {
+  i.at = i.host.data();
+  if (sh.mem.host()) return i.at;
+  at_least(i.dev, static_cast<int64_t>(i.host.size()), sh.mem);
+  if (!i.host.empty()) sh.be->copy(i.dev.data(), i.at, sizeof(int32_t) * i.host.size());
+  return i.at = i.dev.data();
 }
 
 // The local op's arguments: this rank's experts and the rows it received.
@@ -99,7 +107,7 @@ ops::ExpertsArgs local_args(const ops::ExpertsArgs& ea, LayerState& st, Shared& 
   ops::ExpertsArgs la = ea;  // the weights: this rank's experts (the model's slice)
   la.s = {st.R, s.D, s.F, El, 1};
   la.x = st.x_in.data();
-  la.idx = sh.mem.host() ? st.idx_in.data() : st.idx_in_dev.data();
+  la.idx = st.idx_in.at;
   la.w = st.w_in.data();
   la.saved = at_least(st.saved, sh.local.saved_floats(la.s), sh.mem);
   la.scratch = at_least(sh.buf->scratch, sh.local.scratch_floats(la.s), sh.mem);
@@ -133,14 +141,15 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   std::vector<int64_t> start(static_cast<size_t>(s.E), 0);
   for (int64_t e = 1; e < s.E; ++e)
     start[static_cast<size_t>(e)] = start[size_t(e - 1)] + per_expert[size_t(e - 1)];
-  st.slot.resize(static_cast<size_t>(N));
-  st.tok.resize(static_cast<size_t>(N));
+  st.slot.host.resize(static_cast<size_t>(N));
+  st.tok.host.resize(static_cast<size_t>(N));
   for (int64_t a = 0; a < N; ++a) {
-    st.slot[static_cast<size_t>(a)] = static_cast<int32_t>(start[static_cast<size_t>(idx[a])]++);
-    st.tok[static_cast<size_t>(a)] = static_cast<int32_t>(a / s.K);
+    st.slot.host[static_cast<size_t>(a)] =
+        static_cast<int32_t>(start[static_cast<size_t>(idx[a])]++);
+    st.tok.host[static_cast<size_t>(a)] = static_cast<int32_t>(a / s.K);
   }
-  const int32_t* slot = placed(sh, st.slot, st.slot_dev);
-  const int32_t* tok = placed(sh, st.tok, st.tok_dev);
+  const int32_t* slot = place(sh, st.slot);
+  const int32_t* tok = place(sh, st.tok);
   float* rows = at_least(sh.buf->rows, N * W, sh.mem);
   be.copy_rows(ea.x, D, tok, rows, W, slot, N, D);
   be.copy_rows(ea.w, 1, nullptr, rows + D, W, slot, N, 1);
@@ -163,13 +172,13 @@ void forward(Shared& sh, const ops::ExpertsArgs& ea, float* y) {
   float* w_in = at_least(st.w_in, R, sh.mem);
   be.copy_rows(in, W, nullptr, x_in, D, nullptr, R, D);
   be.copy_rows(in + D, W, nullptr, w_in, 1, nullptr, R, 1);
-  st.idx_in.resize(static_cast<size_t>(R));
+  st.idx_in.host.resize(static_cast<size_t>(R));
   int64_t k = 0;
   for (int q = 0; q < P; ++q)
     for (int64_t e = 0; e < El; ++e)
       for (int64_t i = 0; i < got[static_cast<size_t>(q * El + e)]; ++i, ++k)
-        st.idx_in[static_cast<size_t>(k)] = static_cast<int32_t>(e);
-  placed(sh, st.idx_in, st.idx_in_dev);
+        st.idx_in.host[static_cast<size_t>(k)] = static_cast<int32_t>(e);
+  place(sh, st.idx_in);
 
   // 2. The local experts on the rows received, weighted: out = w·expert(x).
   float* out = at_least(sh.buf->out, R * D, sh.mem);
@@ -189,12 +198,11 @@ void backward(Shared& sh, const ops::ExpertsArgs& ea, const ops::ExpertsGrads& e
   check_split(s, P);
   const int64_t D = s.D, N = s.T * s.K, W = D + 1;
   auto it = sh.layers.find(ea.saved);
-  check(it != sh.layers.end() && static_cast<int64_t>(it->second.slot.size()) == N,
+  check(it != sh.layers.end() && static_cast<int64_t>(it->second.slot.host.size()) == N,
         "expert parallelism: backward without the forward of the same layer and tokens");
   LayerState& st = it->second;
   const int64_t R = st.R;
-  const int32_t* slot = sh.mem.host() ? st.slot.data() : st.slot_dev.data();
-  const int32_t* tok = sh.mem.host() ? st.tok.data() : st.tok_dev.data();
+  const int32_t *slot = st.slot.at, *tok = st.tok.at;
 
   // The rows dy[t] to the experts' ranks.
   float* rows = at_least(sh.buf->rows, N * W, sh.mem);
