@@ -9,6 +9,7 @@
 #include <cstring>
 #include <new>
 #include <utility>
+#include <vector>
 
 namespace titan {
 namespace {
@@ -227,6 +228,72 @@ TEST(Storage, DeviceMemoryAllocatesZeroesAndFreesThroughTheDevice) {
   EXPECT_EQ(FakeDevice::frees, 3);
   Buffer<float> h(4);
   EXPECT_TRUE(h.memory().host());
+}
+
+// A device with reserve/commit/decommit (core/device.h): reserve() takes only the address range,
+// commit() and zero_and_release() pass each range to the device, zero() gives the whole range
+// back; a device without them, and the host, allocate as resize() does.
+struct FakeReservingDevice {
+  static inline int reserves = 0, frees = 0;
+  static inline std::vector<std::pair<size_t, size_t>> commits, decommits;  // (offset, bytes)
+  static inline uintptr_t base = 0;
+  static void* reserve(size_t n) {
+    ++reserves;
+    void* p = std::aligned_alloc(64, n);
+    base = reinterpret_cast<uintptr_t>(p);
+    return p;
+  }
+  static void free(void* p) {
+    ++frees;
+    std::free(p);
+  }
+  static void commit(void* p, size_t n) { commits.emplace_back(off(p), n); }
+  static void decommit(void* p, size_t n) { decommits.emplace_back(off(p), n); }
+  static size_t off(void* p) { return reinterpret_cast<uintptr_t>(p) - base; }
+  static DeviceMemory memory() {
+    DeviceMemory m = FakeDevice::memory();
+    m.free = &free;
+    m.reserve = &reserve;
+    m.commit = &commit;
+    m.decommit = &decommit;
+    return m;
+  }
+};
+
+TEST(Storage, ReserveTakesAddressesOnlyAndPassesRangesToTheDevice) {
+  using D = FakeReservingDevice;
+  FakeDevice::allocs = FakeDevice::memsets = 0;
+  {
+    Buffer<float> b;
+    b.reserve(1000, D::memory());
+    EXPECT_TRUE(b.storage().reserved());
+    EXPECT_EQ(D::reserves, 1);
+    EXPECT_EQ(FakeDevice::allocs + FakeDevice::memsets, 0);  // nothing allocated or written
+    commit(b.storage(), b.data() + 10, 40);
+    zero_and_release(b.storage(), b.data() + 10, 40);
+    b.zero();
+    using R = std::vector<std::pair<size_t, size_t>>;
+    EXPECT_EQ(D::commits, (R{{40, 40}}));
+    EXPECT_EQ(D::decommits, (R{{40, 40}, {0, 4000}}));
+  }
+  EXPECT_EQ(D::frees, 1);
+  // A device without reserve, and the host: whole allocations; commit does nothing,
+  // zero_and_release zeroes.
+  Buffer<float> d, h;
+  d.reserve(8, FakeDevice::memory());
+  h.reserve(8, {});
+  EXPECT_FALSE(d.storage().reserved());
+  EXPECT_FALSE(h.storage().reserved());
+  EXPECT_EQ(FakeDevice::allocs, 1);
+  EXPECT_TRUE(h.memory().host());
+  d[3] = h[3] = 1.0f;
+  commit(d.storage(), d.data(), 32);
+  commit(h.storage(), h.data(), 32);
+  zero_and_release(d.storage(), d.data() + 3, 4);
+  zero_and_release(h.storage(), h.data() + 3, 4);
+  EXPECT_EQ(d[3], 0.0f);
+  EXPECT_EQ(h[3], 0.0f);
+  EXPECT_EQ(D::commits.size(), 1u);
 }
 
 }  // namespace

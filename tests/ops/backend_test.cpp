@@ -74,6 +74,15 @@ TEST(BackendTest, CpuMemoryEntryPoints) {
   b.free(p);
 }
 
+// reserve/commit/decommit are optional, but a table has all three or none.
+TEST(BackendTest, ReserveCommitDecommitComeTogether) {
+  Backend b = backend("cpu", "float32");
+  EXPECT_EQ(b.reserve, nullptr);
+  EXPECT_TRUE(b.memory().host());
+  b.reserve = b.alloc;
+  EXPECT_EQ(b.missing(), (std::vector<std::string>{"commit", "decommit"}));
+}
+
 TEST(BackendTest, MissingPairNamesWhatIsRegistered) {
   try {
     backend("rocm", "bfloat16");

@@ -20,6 +20,33 @@ void zero_and_release(void* p, size_t bytes) {
     std::memset(reinterpret_cast<void*>(a), 0, z - a);  // still zero, just not given back
 }
 
+void zero_and_release(const Storage& s, void* p, size_t bytes) {
+  if (bytes == 0) return;
+  if (s.reserved())
+    s.memory().decommit(p, bytes);
+  else if (s.memory().host())
+    zero_and_release(p, bytes);
+  else
+    s.memory().memset(p, 0, bytes);
+}
+
+void commit(const Storage& s, void* p, size_t bytes) {
+  if (bytes > 0 && s.reserved()) s.memory().commit(p, bytes);
+}
+
+void Storage::reserve(size_t nbytes, const DeviceMemory& mem) {
+  if (mem.host() || !mem.reserve) {
+    resize(nbytes, mem);
+    return;
+  }
+  release();
+  mem_ = mem;
+  if (nbytes == 0) return;
+  p_ = mem_.reserve((nbytes + 63) / 64 * 64);  // throws std::bad_alloc
+  nbytes_ = nbytes;
+  reserved_ = true;
+}
+
 void Storage::release() {
   if (!p_) return;
   if (!mem_.host())
@@ -30,6 +57,7 @@ void Storage::release() {
     std::free(p_);
   p_ = nullptr;
   nbytes_ = mapped_ = 0;
+  reserved_ = false;
 }
 
 void Storage::resize(size_t nbytes) {

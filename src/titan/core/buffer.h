@@ -25,6 +25,16 @@ inline void zero_and_release(float* x, int64_t n) {
   if (n > 0) zero_and_release(static_cast<void*>(x), static_cast<size_t>(n) * sizeof(float));
 }
 
+class Storage;
+// The same for bytes [p, p+bytes) of s, wherever s lives: host memory as above; a reserved range
+// of a device's (Storage::reserve) decommitted (zeroed, whole granules given back); other device
+// memory zeroed.
+void zero_and_release(const Storage& s, void* p, size_t bytes);
+// Memory behind bytes [p, p+bytes) of s again before they are written: a reserved range of a
+// device's commits its granules (zeroed where they had none, so what zero_and_release gave back
+// reads zero); elsewhere nothing to do (host pages come back on their own when written).
+void commit(const Storage& s, void* p, size_t bytes);
+
 class Storage {
  public:
   Storage() = default;
@@ -35,11 +45,13 @@ class Storage {
       : p_(std::exchange(o.p_, nullptr)),
         nbytes_(std::exchange(o.nbytes_, 0)),
         mapped_(std::exchange(o.mapped_, 0)),
+        reserved_(std::exchange(o.reserved_, false)),
         mem_(o.mem_) {}
   Storage& operator=(Storage&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(nbytes_, o.nbytes_);
     std::swap(mapped_, o.mapped_);
+    std::swap(reserved_, o.reserved_);
     std::swap(mem_, o.mem_);
     return *this;
   }
@@ -59,11 +71,19 @@ class Storage {
     mem_ = mem;
     resize(nbytes);
   }
+  // The same, but on a device with reserve (core/device.h) only the address range: nothing is
+  // behind it until commit() (above) puts memory behind a part before it is written; what is
+  // committed stays until zero_and_release gives it back (FSDP's flat buffers on a GPU). On the
+  // host (whose large allocations take memory only once written anyway) and on devices without
+  // reserve: resize(nbytes, mem).
+  void reserve(size_t nbytes, const DeviceMemory& mem);
   static constexpr size_t kMapBytes = size_t{1} << 20;
-  // Zeroes the first nbytes() bytes (not the padding).
+  // Zeroes the first nbytes() bytes (not the padding); a reserved range is given back whole.
   void zero() {
     if (!nbytes_) return;
-    if (mem_.host())
+    if (reserved_)
+      mem_.decommit(p_, nbytes_);
+    else if (mem_.host())
       std::memset(p_, 0, nbytes_);
     else
       mem_.memset(p_, 0, nbytes_);
@@ -73,13 +93,16 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   // Where the bytes live: host memory unless made with a device's.
   const DeviceMemory& memory() const { return mem_; }
+  // Made by reserve() on a device that has it: memory only where committed.
+  bool reserved() const { return reserved_; }
 
  private:
   void release();
   void* p_ = nullptr;
   size_t nbytes_ = 0;
-  size_t mapped_ = 0;  // bytes mapped with mmap (0: aligned_alloc or a device's alloc)
-  DeviceMemory mem_;   // host memory when its functions are null
+  size_t mapped_ = 0;      // bytes mapped with mmap (0: aligned_alloc or a device's alloc)
+  bool reserved_ = false;  // from mem_.reserve
+  DeviceMemory mem_;       // host memory when its functions are null
 };
 
 // n elements of T in one Storage. T is a trivially copyable element type (float, int32_t, ...).
@@ -99,6 +122,9 @@ class Buffer {
   void resize(int64_t n) { s_.resize(static_cast<size_t>(n) * sizeof(T)); }
   void resize(int64_t n, const DeviceMemory& mem) {
     s_.resize(static_cast<size_t>(n) * sizeof(T), mem);
+  }
+  void reserve(int64_t n, const DeviceMemory& mem) {
+    s_.reserve(static_cast<size_t>(n) * sizeof(T), mem);
   }
   void zero() { s_.zero(); }
   T* data() { return static_cast<T*>(s_.data()); }

@@ -47,6 +47,12 @@ std::vector<std::string> Backend::missing() const {
   need(free, "free");
   need(copy, "copy");
   need(memset, "memset");
+  const bool some = reserve || commit || decommit, all = reserve && commit && decommit;
+  if (some && !all) {  // optional, but as a set
+    need(reserve, "reserve");
+    need(commit, "commit");
+    need(decommit, "decommit");
+  }
   need(embedding_fwd, "embedding_fwd");
   need(embedding_bwd, "embedding_bwd");
   need(embedding_fwd_range, "embedding_fwd_range");

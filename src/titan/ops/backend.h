@@ -35,10 +35,16 @@ struct Backend {
   void (*free)(void* p) = nullptr;         // of alloc's pointers (nullptr is a no-op)
   void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;  // either side host or device
   void (*memset)(void* dst, int value, size_t bytes) = nullptr;
+  // Optional (all three or none; core/device.h): an address range committed and decommitted a
+  // granule at a time, so that FSDP's resharded units give their device memory back.
+  void* (*reserve)(size_t bytes) = nullptr;
+  void (*commit)(void* p, size_t bytes) = nullptr;
+  void (*decommit)(void* p, size_t bytes) = nullptr;
   // The memory functions above as core's DeviceMemory, for Storage/Buffer/Arena (core/buffer.h);
   // the CPU backend's is host memory (null functions: Storage's own aligned, mmap'd allocation).
   DeviceMemory memory() const {
-    return device == "cpu" ? DeviceMemory{} : DeviceMemory{alloc, free, copy, memset};
+    return device == "cpu" ? DeviceMemory{}
+                           : DeviceMemory{alloc, free, copy, memset, reserve, commit, decommit};
   }
 
   // ---- kernels: the signature of the op of the same name (no default arguments)
