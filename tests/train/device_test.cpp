@@ -7,13 +7,18 @@
 // copy shows as a different loss. (That device pointers are never dereferenced on the host is
 // what a real GPU checks: scripts/gpu-check.sh.)
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,7 +50,69 @@ void* dev_alloc(size_t n) {
   if (!p) throw std::bad_alloc();
   return p;
 }
-void dev_free(void* p) { std::free(p); }
+// hostdev's reserved ranges (core/device.h reserve/commit/decommit) with a page for granule: an
+// inaccessible mapping (PROT_NONE) whose pages commit makes readable and writable and decommit
+// gives back and makes inaccessible again, so that a touch of memory FSDP gave back faults, as
+// it would on a GPU.
+struct Reserved {
+  size_t size = 0;
+  std::vector<char> committed;  // per page
+};
+std::map<uintptr_t, Reserved> g_reserved;  // by base
+int64_t g_committed_pages = 0, g_peak_committed_pages = 0;
+size_t page_bytes() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
+std::pair<uintptr_t, Reserved*> reserved_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_reserved.upper_bound(a);
+  if (it == g_reserved.begin() || a >= std::prev(it)->first + std::prev(it)->second.size)
+    throw std::logic_error("hostdev: commit/decommit outside every reserved range");
+  return {std::prev(it)->first, &std::prev(it)->second};
+}
+void* dev_reserve(size_t n) {
+  const size_t P = page_bytes(), size = (n + P - 1) / P * P;
+  void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  g_reserved[reinterpret_cast<uintptr_t>(p)] = {size, std::vector<char>(size / P, 0)};
+  return p;
+}
+void dev_commit(void* p, size_t n) {
+  const auto [base, r] = reserved_of(p);
+  const size_t P = page_bytes(), lo = reinterpret_cast<uintptr_t>(p) - base;
+  for (size_t g = lo / P; g <= (lo + n - 1) / P; ++g) {
+    if (r->committed[g]) continue;
+    if (::mprotect(reinterpret_cast<void*>(base + g * P), P, PROT_READ | PROT_WRITE) != 0)
+      throw std::bad_alloc();
+    r->committed[g] = 1;  // reads zero: fresh, or given back with MADV_DONTNEED
+    g_peak_committed_pages = std::max(g_peak_committed_pages, ++g_committed_pages);
+  }
+}
+void dev_decommit(void* p, size_t n) {
+  const auto [base, r] = reserved_of(p);
+  const size_t P = page_bytes(), lo = reinterpret_cast<uintptr_t>(p) - base, hi = lo + n;
+  for (size_t g = lo / P; g * P < hi; ++g) {
+    if (!r->committed[g]) continue;
+    const size_t a = std::max(lo, g * P), z = std::min(hi, (g + 1) * P);
+    if (z - a < P) {  // in part: zeroed, kept
+      std::memset(reinterpret_cast<void*>(base + a), 0, z - a);
+      continue;
+    }
+    void* page = reinterpret_cast<void*>(base + g * P);
+    if (::madvise(page, P, MADV_DONTNEED) != 0 || ::mprotect(page, P, PROT_NONE) != 0)
+      throw std::logic_error("hostdev: decommit failed");
+    r->committed[g] = 0;
+    --g_committed_pages;
+  }
+}
+void dev_free(void* p) {
+  const auto it = g_reserved.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_reserved.end()) {
+    std::free(p);
+    return;
+  }
+  for (char c : it->second.committed) g_committed_pages -= c;
+  ::munmap(p, it->second.size);
+  g_reserved.erase(it);
+}
 void dev_copy(void* d, const void* s, size_t n) {
   if (n) std::memcpy(d, s, n);
 }
@@ -63,6 +130,9 @@ void register_hostdev() {
       b.free = &dev_free;
       b.copy = &dev_copy;
       b.memset = &dev_memset;
+      b.reserve = &dev_reserve;
+      b.commit = &dev_commit;
+      b.decommit = &dev_decommit;
       ops::register_backend(b);
     }
     optim::Kernels k = optim::kernels("cpu");
@@ -110,9 +180,13 @@ struct Trained {
   std::vector<double> loss, norm, aux;
   std::vector<StepMetrics::ExpertLoad> load;
   std::vector<float> params;
+  // hostdev's reserved ranges (FSDP's flat buffers): pages reserved, committed at most during
+  // the run, and committed once it ended (between steps nothing is gathered).
+  int64_t reserved_pages = 0, peak_pages = 0, pages_after = 0;
 };
 
 Trained train_steps(const config::JobConfig& c, int steps) {
+  g_peak_committed_pages = g_committed_pages;
   Trainer t(c, titan::testing::fox_docs());
   Trained r;
   for (int i = 0; i < steps; ++i) {
@@ -124,6 +198,10 @@ Trained train_steps(const config::JobConfig& c, int steps) {
   }
   const models::Model& m = t.model();
   r.params.assign(m.param_data(), m.param_data() + m.num_params());
+  for (const auto& [base, range] : g_reserved)
+    r.reserved_pages += static_cast<int64_t>(range.committed.size());
+  r.peak_pages = g_peak_committed_pages;
+  r.pages_after = g_committed_pages;
   return r;
 }
 
@@ -274,6 +352,14 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
     EXPECT_GT(g_allocs, before) << what;
     EXPECT_LT(cpu.loss[3], cpu.loss[0]) << what;
     expect_same(cpu, dev, what);
+    if (k.tp == 1) {  // FSDP: the flat buffers take device memory only while units are held
+      std::printf("%s: %lld pages reserved, at most %lld committed, %lld after the steps\n",
+                  what.c_str(), static_cast<long long>(dev.reserved_pages),
+                  static_cast<long long>(dev.peak_pages), static_cast<long long>(dev.pages_after));
+      EXPECT_GT(dev.reserved_pages, 0) << what;
+      EXPECT_LT(dev.peak_pages, dev.reserved_pages) << what;
+      EXPECT_LT(4 * dev.pages_after, dev.reserved_pages) << what;
+    }
     if (k.moe && k.bf16 && k.ep == 2) moe_bf16 = dev;
   }
   config::JobConfig c = parallel_job("hostdev", Case{true, true, 2});

@@ -4,8 +4,14 @@
 // use (sync_device(), which every pass calls first); an optimizer on the device updates data()
 // after for_device_update(), and the host copy is fetched again at its next read. On the CPU
 // (host memory) there is one buffer and every call returns it.
+//
+// Sharded (FSDP, resize(.., sharded = true) on a device with reserve, core/device.h): the device's
+// buffer is an address range with memory only behind the ranges held (hold(): a unit being
+// gathered or computed); outside them both copies read zero (give_back() zeroes both and gives
+// the memory back), so fetches and sends move the held ranges only.
 #pragma once
 #include <cstdint>
+#include <map>
 
 #include "titan/core/buffer.h"
 
@@ -14,9 +20,13 @@ namespace titan::models {
 class DeviceParams {
  public:
   // n zeroed parameters in mem's memory (and their host copy when it is a device's).
-  void resize(int64_t n, const DeviceMemory& mem) {
-    dev_.resize(n, mem);
+  void resize(int64_t n, const DeviceMemory& mem, bool sharded = false) {
+    if (sharded)
+      dev_.reserve(n, mem);
+    else
+      dev_.resize(n, mem);
     if (!mem.host()) host_.resize(n);
+    held_.clear();
     host_stale_ = device_stale_ = false;
   }
   // Where the kernels read them (no synchronization).
@@ -28,7 +38,7 @@ class DeviceParams {
   const float* host() const {
     if (!on_device()) return dev_.data();
     if (host_stale_) {
-      dev_.memory().copy(host_.data(), dev_.data(), bytes());
+      move([this](int64_t b, int64_t n) { copy(host_.data() + b, dev_.data() + b, n); });
       host_stale_ = false;
     }
     return host_.data();
@@ -40,7 +50,7 @@ class DeviceParams {
   }
   void sync_device() {
     if (!device_stale_) return;
-    dev_.memory().copy(dev_.data(), host_.data(), bytes());
+    move([this](int64_t b, int64_t n) { copy(dev_.data() + b, host_.data() + b, n); });
     device_stale_ = false;
   }
   float* for_device_update() {
@@ -49,10 +59,39 @@ class DeviceParams {
     return dev_.data();
   }
 
+  // [begin, begin + len) is not needed until held again: zeroed in both copies, their memory
+  // given back (the host's whole pages, a reserved device range's whole granules).
+  void give_back(int64_t begin, int64_t len) {
+    if (len <= 0) return;
+    const size_t bytes = sizeof(float) * static_cast<size_t>(len);
+    zero_and_release(dev_.storage(), dev_.data() + begin, bytes);
+    if (on_device()) zero_and_release(host_.data() + begin, len);
+    held_.erase(begin);
+  }
+  // Memory behind [begin, begin + len) again (reading zero where it was given back) before it is
+  // written; on a sharded device buffer, a range fetches and sends move from now on.
+  void hold(int64_t begin, int64_t len) {
+    if (len <= 0 || !dev_.storage().reserved()) return;
+    commit(dev_.storage(), dev_.data() + begin, sizeof(float) * static_cast<size_t>(len));
+    held_[begin] = len;
+  }
+
  private:
-  size_t bytes() const { return sizeof(float) * static_cast<size_t>(dev_.size()); }
+  void copy(float* dst, const float* src, int64_t n) const {
+    dev_.memory().copy(dst, src, sizeof(float) * static_cast<size_t>(n));
+  }
+  // fn(begin, len) over what the two copies may differ in: everything, or the held ranges.
+  template <typename Fn>
+  void move(Fn&& fn) const {
+    if (!dev_.storage().reserved()) {
+      fn(0, dev_.size());
+      return;
+    }
+    for (const auto& [b, n] : held_) fn(b, n);
+  }
   Buffer<float> dev_;
   mutable Buffer<float> host_;
+  std::map<int64_t, int64_t> held_;  // begin -> len, of a reserved dev_
   mutable bool host_stale_ = false;  // the device's values changed since the host copy was made
   bool device_stale_ = false;        // the host copy was written since it was sent
 };

@@ -1,5 +1,6 @@
 #include "titan/models/model.h"
 
+#include "titan/core/buffer.h"
 #include "titan/core/error.h"
 
 namespace titan::models {
@@ -16,6 +17,11 @@ std::unique_ptr<KvCache> Model::new_kv_cache(int64_t, int64_t) {
 
 int64_t Model::forward_cached(KvCache&, const int32_t*, const int32_t*, int64_t, float*) {
   throw Error("this model does not support generation (no key/value cache)");
+}
+
+void Model::give_back(Flat which, int64_t begin, int64_t len) {
+  check(device() == "cpu", "this model cannot give back part of its " + device() + " buffers");
+  zero_and_release((which == Flat::params ? param_data() : grad_data()) + begin, len);
 }
 
 std::vector<ParamUnit> Model::param_units() const {

@@ -222,6 +222,15 @@ class Model {
   std::vector<ParamUnit> param_units() const;
   virtual float* unit_param_data(int64_t /*u*/) { return device_param_data(); }
   void set_param_hooks(ParamHooks* h) { hooks_ = h; }
+  // What a sharding hook (train/fsdp.h) does with the flat range [begin, begin + len) of the
+  // weights or of the gradients between its uses. give_back: zeroed (the host copy too), its
+  // memory given back (the host's whole pages; a device's whole granules when the model was built
+  // with BuildOptions::sharded). hold: memory behind it again before it is written (gathered
+  // into; a pass's gradients), reading zero where it was given back. Without hooks the buffers
+  // are whole. The defaults serve a model on the CPU.
+  enum class Flat { params, grads };
+  virtual void give_back(Flat which, int64_t begin, int64_t len);
+  virtual void hold(Flat /*which*/, int64_t /*begin*/, int64_t /*len*/) {}
   // Tensor parallelism: the model's slice (set at construction) and the collectives of its tp
   // group (models/tensor_parallel.h); a model built whole ignores them.
   virtual TpSlice tp_slice() const { return {}; }

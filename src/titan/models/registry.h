@@ -42,6 +42,11 @@ struct BuildOptions {
   // each layer calls are looked up under it. Off the CPU the model's weights, gradients and
   // activations live in device memory (models::Model::param_data()).
   std::string device = "cpu";
+  // The parameters will be sharded unit by unit (FSDP, train/fsdp.h): on a device that can commit
+  // memory a granule at a time (core/device.h reserve), the flat weight, gradient and compute-copy
+  // buffers are reserved, not allocated whole, and each unit takes memory only while its hooks
+  // hold it. The host's buffers do so anyway (pages taken when written).
+  bool sharded = false;
 };
 
 struct ModelSpec {

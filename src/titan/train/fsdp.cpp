@@ -10,7 +10,7 @@ namespace titan::train {
 
 Fsdp::Fsdp(models::Model& model, const ops::Backend& be, dist::Communicator& group,
            const std::string& policy, bool bf16_gather, dist::Communicator* expert_group)
-    : model_(model), be_(be), host_(be.memory().host()), bf16_(bf16_gather) {
+    : model_(model), be_(be), bf16_(bf16_gather) {
   check(be.device == model.device(),
         "FSDP: the backend (" + be.device + ") is not the model's device (" + model.device() + ")");
   check(!bf16_gather || (be.to_bf16 && be.from_bf16),
@@ -78,13 +78,6 @@ void Fsdp::copy(float* dst, const float* src, int64_t n) const {
   if (n > 0) be_.copy(dst, src, sizeof(float) * static_cast<size_t>(n));
 }
 
-void Fsdp::clear(float* p, int64_t n) const {
-  if (host_)
-    zero_and_release(p, n);
-  else if (n > 0)
-    be_.memset(p, 0, sizeof(float) * static_cast<size_t>(n));
-}
-
 void Fsdp::wait(dist::Request& r) {
   const double t0 = cpu::now_seconds();
   r.wait();
@@ -95,6 +88,7 @@ void Fsdp::wait(dist::Request& r) {
 int64_t Fsdp::mine(const Piece& u) const { return u.counts[static_cast<size_t>(u.group->rank())]; }
 
 void Fsdp::start_gather(Piece& u) {
+  model_.hold(Flat::params, u.begin, u.len);
   float* P = model_.unit_param_data(u.unit);
   const int64_t own = mine(u);
   const double t0 = cpu::now_seconds();  // (the whole collective, where MPI runs it blocking)
@@ -122,26 +116,27 @@ void Fsdp::finish_gather(Piece& u) {
   if (!u.gathering) return;
   wait(*u.gathering);
   u.gathering.reset();
+  // The unit's values changed again (a host copy read while the gather ran is read again).
+  float* P = model_.unit_param_data(u.unit);
   if (u.stage < 0) return;
   const auto k = static_cast<size_t>(u.stage);
-  if (u.len > 0) be_.from_bf16(stages_[k].data(), u.len, model_.unit_param_data(u.unit) + u.begin);
+  if (u.len > 0) be_.from_bf16(stages_[k].data(), u.len, P + u.begin);
   stage_busy_[k] = false;
   u.stage = -1;
 }
 
 void Fsdp::reshard(Piece& u) {
   finish_gather(u);  // a prefetched unit nobody used (the buffer is the collective's until then)
-  clear(model_.unit_param_data(u.unit) + u.begin, u.len);
+  model_.give_back(Flat::params, u.begin, u.len);
   u.gathered = false;
 }
 
 void Fsdp::take_piece(Piece& u) {
-  // From the host copy the weights were loaded or initialized into. On a device its buffer stays
-  // as it is (nothing to give back; zeroing it would first send the whole host copy, unit after
-  // unit): the units are gathered over it before any use.
+  // From the host copy the weights were loaded or initialized into (off the CPU that copy's range
+  // is given back too, so nothing of it is sent).
   copy(master_.data() + u.at, std::as_const(model_).param_data() + u.own, mine(u));
-  if (host_) reshard(u);
-  clear(model_.grad_data() + u.begin, u.len);
+  reshard(u);
+  model_.give_back(Flat::grads, u.begin, u.len);
 }
 
 void Fsdp::take_unit(int64_t i) {
@@ -214,6 +209,11 @@ void Fsdp::acquire(int64_t i, bool backward) {
   for (Piece* u : unit(i))
     if (!u->gathered) start_gather(*u);
   for (Piece* u : unit(i)) finish_gather(*u);
+  // Memory for the gradients this pass computes: a layer's in its backward; the head's in its
+  // forward (fused with its backward) and the embedding's from the forward on (a tied lm_head's
+  // gradient lands there at the head; an untied embedding's backward acquires nothing).
+  if (backward || (backward_follows_ && !first(i).weights_in_backward))
+    for (Piece* u : unit(i)) model_.hold(Flat::grads, u->begin, u->len);
   // The unit this pass reads next, gathered while this one computes: in the forward the next
   // unit until the head; at the head (and a tied embedding read with it) the last layer, when
   // a backward follows; in the backward the layer below (the embedding's backward reads no
@@ -242,7 +242,7 @@ void Fsdp::finish_grads() {
     const Piece& u = pieces_[k.piece];
     if (mine(u) > 0)
       be_.add_inplace(grad_shard_.data() + u.at, scratch_.data() + k.scratch, mine(u));
-    clear(model_.grad_data() + u.begin, u.len);
+    model_.give_back(Flat::grads, u.begin, u.len);
   }
   reducing_.clear();
 }

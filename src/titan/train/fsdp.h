@@ -13,7 +13,8 @@
 //                  backward prefetch: u+1 in the forward, the last layer at the head when a
 //                  backward follows, u−1 in the backward), which runs in the background
 //                  (dist::Communicator's lane) while u computes;
-//   release(u)     reshards it (zeros, memory pages given back) after the backward always, after
+//   release(u)     reshards it (zeros, memory given back: Model::give_back) after the backward
+//                  always, after
 //                  the forward per fsdp_reshard_after_forward: "default"/"always" for the
 //                  decoder layers and an untied embedding; the head ([norm, lm_head], with the
 //                  embedding when tied) only for "always" (torchtitan's apply_fsdp);
@@ -29,10 +30,11 @@
 // Off the CPU (the model's device(): a GPU) the masters, the gradient shard and the staging
 // buffers live in the device's memory and every copy, bf16 rounding and widening and gradient sum
 // runs through its backend (`be`); `group` (and `expert_group`) must then move device memory (an
-// NCCL group). The model's flat parameter and gradient buffers stay allocated whole there (device
-// memory cannot be given back page by page): resharding zeroes, it frees nothing, so FSDP on a
-// device divides the masters, gradients and AdamW state by the shard degree but not the gathered
-// weights (a pool of gathered units would; not built).
+// NCCL group). There the model, built sharded (models::BuildOptions::sharded), keeps its flat
+// weight, gradient and compute-copy buffers as reserved address ranges: each piece is held
+// (Model::hold: memory committed behind it) before it is gathered into or its gradients are
+// computed, and given back when resharded, as host pages are on the CPU; on a device without
+// reserve (core/device.h) the flat buffers stay whole and resharding only zeroes.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -134,14 +136,12 @@ class Fsdp final : public models::ParamHooks {
   void finish_gather(Piece& u);
   void prefetch(int64_t u);
   void wait(dist::Request& r);  // counts the seconds it took and the part waited for
-  // n floats in the model's memory: copied (either side may be the host), zeroed (on the CPU
-  // the whole pages given back).
+  // n floats copied in the model's memory (either side may be the host).
   void copy(float* dst, const float* src, int64_t n) const;
-  void clear(float* p, int64_t n) const;
+  using Flat = models::Model::Flat;
 
   models::Model& model_;
   const ops::Backend& be_;
-  bool host_ = true;  // the model computes on the CPU
   std::vector<Piece> pieces_;
   std::vector<size_t> first_piece_;  // unit i: pieces [first_piece_[i], first_piece_[i+1])
   ckpt::Segments own_;

@@ -6,6 +6,7 @@
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/models/registry.h"
+#include "titan/ops/backend.h"
 #include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
 
@@ -177,11 +178,13 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     for (const auto& q : m.params()) tied = tied || q.alias;
     if (tied) head += unit_local[0];
     for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i) other = std::max(other, unit_local[i]);
-    if (t.device == "cpu")
+    // Given back unit by unit: host pages; a device's granules where it can (core/device.h
+    // reserve). Elsewhere the flat buffers stay whole (fsdp.h).
+    if (t.device == "cpu" || ops::backend(t.device, "float32").reserve)
       plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
                                  : "gathered: head group + 2 largest units (fp32 w+g)",
                             (bf16 ? 10 : 8) * (head + 2 * other)});
-    else  // device memory is not given back page by page: the flat buffers stay whole (fsdp.h)
+    else
       plan.lines.push_back({bf16 ? "gathered into: whole weights and gradients (fp32 w+g, bf16)"
                                  : "gathered into: whole weights and gradients (fp32 w+g)",
                             (bf16 ? 10 : 8) * local});

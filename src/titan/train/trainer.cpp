@@ -202,6 +202,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     bo.tp.ep_rank = mesh_.ep->rank();
     bo.tp.ep_size = static_cast<int>(dims_.ep);
   }
+  bo.sharded = dims_.sharded();  // FSDP: on a GPU the flat buffers take memory unit by unit
   model_ = models::build_model(cfg_, bo);
   if (dims_.tp > 1) {
     tp_ = std::make_unique<TensorParallel>(*mesh_.tp, tp_data_.get(), backend.memory());

@@ -86,7 +86,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
                        int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
                        std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
                        models::AcPolicy ac, DType compute, bool trainable, models::TpSlice tp,
-                       const std::string& device)
+                       const std::string& device, bool sharded)
     : a_(args),
       tp_(tp),
       be_(ops::backend(device, dtype_op_name(compute))),
@@ -219,9 +219,17 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   std::vector<void**> slots;
   declare_tensors(&slots);
   if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
-  params_buf_.resize(num_params_, mem_);
-  if (trainable_) grads_buf_.resize(num_params_, mem_);
-  if (bf16_) wb_.resize(num_params_ - wb_base_, mem_);
+  // Sharded: on a device with reserve, the flat buffers are address ranges whose units take
+  // memory only while gathered (core/buffer.h Storage::reserve; the host's take it when written).
+  params_buf_.resize(num_params_, mem_, sharded);
+  if (trainable_ && sharded)
+    grads_buf_.reserve(num_params_, mem_);
+  else if (trainable_)
+    grads_buf_.resize(num_params_, mem_);
+  if (bf16_ && sharded)
+    wb_.reserve(num_params_ - wb_base_, mem_);
+  else if (bf16_)
+    wb_.resize(num_params_ - wb_base_, mem_);
   if (dev_) {
     batch_dev_.resize(3 * max_tokens_, mem_);
     if (n_moe > 0) {
@@ -955,11 +963,25 @@ void Qwen3Model::release(int64_t u, bool backward) {
   // Resharded: the unit's compute copy goes too, remade at its next use.
   const auto i = static_cast<size_t>(u);
   const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
-  if (bf16_ && lo < hi && dev_)
-    be_.memset(wb_.data() + (lo - wb_base_), 0, 2 * static_cast<size_t>(hi - lo));
-  else if (bf16_ && lo < hi)
-    zero_and_release(wb_.data() + (lo - wb_base_), 2 * static_cast<size_t>(hi - lo));
+  if (bf16_ && lo < hi)
+    zero_and_release(wb_.storage(), wb_.data() + (lo - wb_base_), 2 * static_cast<size_t>(hi - lo));
   stale_[i] = 1;
+}
+
+void Qwen3Model::give_back(Flat which, int64_t begin, int64_t len) {
+  if (which == Flat::params)
+    params_buf_.give_back(begin, len);
+  else if (trainable_ && len > 0)
+    zero_and_release(grads_buf_.storage(), grads_buf_.data() + begin,
+                     sizeof(float) * static_cast<size_t>(len));
+}
+
+void Qwen3Model::hold(Flat which, int64_t begin, int64_t len) {
+  if (which == Flat::params)
+    params_buf_.hold(begin, len);
+  else if (trainable_ && len > 0)
+    commit(grads_buf_.storage(), grads_buf_.data() + begin,
+           sizeof(float) * static_cast<size_t>(len));
 }
 
 std::vector<models::FlatRange> Qwen3Model::copy_only_ranges() const {
@@ -1009,7 +1031,11 @@ void Qwen3Model::acquire(int64_t u, bool backward) {
   if (bf16_ && stale_[i] &&
       !masters_released_) {  // the unit's compute copy, remade after its weights changed
     const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
-    if (lo < hi) be_.to_bf16(params_buf_.data() + lo, hi - lo, wb_.data() + (lo - wb_base_));
+    if (lo < hi) {
+      uint16_t* copy = wb_.data() + (lo - wb_base_);
+      commit(wb_.storage(), copy, 2 * static_cast<size_t>(hi - lo));
+      be_.to_bf16(params_buf_.data() + lo, hi - lo, copy);
+    }
   }
   stale_[i] = 0;
 }

@@ -66,12 +66,12 @@ class Qwen3Model final : public models::Model {
   // unused); empty means the built-in grouped_experts op (of the compute dtype) in every MoE
   // layer.
   // allocate = false makes a plan-only model: params() and activation_table() without storage
-  // (nothing else may be called on it).
+  // (nothing else may be called on it). sharded: models::BuildOptions::sharded.
   Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
              std::vector<ops::RopeOp> rope_ops = {},
              std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
              models::AcPolicy ac = {}, DType compute = DType::F32, bool trainable = true,
-             models::TpSlice tp = {}, const std::string& device = "cpu");
+             models::TpSlice tp = {}, const std::string& device = "cpu", bool sharded = false);
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
@@ -90,6 +90,8 @@ class Qwen3Model final : public models::Model {
   }
   std::string device() const override { return be_.device; }
   float* device_param_data() override;
+  void give_back(Flat which, int64_t begin, int64_t len) override;
+  void hold(Flat which, int64_t begin, int64_t len) override;
   // Frozen (trainable = false) under bf16: the projections' fp32 pages are given back once their
   // compute copy is made (see models::Model::release_masters).
   void release_masters() override;

@@ -179,7 +179,7 @@ models::ModelSpec model_spec() {
     return std::make_unique<Qwen3Model>(
         a, o.batch, o.seq_len, o.loss_chunks,
         rope_plan(tree, a, o.seq_len, plugin::Registry::global(), o.device), std::move(experts),
-        o.allocate, o.ac, compute, o.trainable, o.tp, o.device);
+        o.allocate, o.ac, compute, o.trainable, o.tp, o.device, o.sharded);
   };
   return s;
 }
