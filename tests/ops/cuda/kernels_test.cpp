@@ -4,7 +4,8 @@
 // GEMMs are checked against a double-precision product (the oneDNN GEMM is not built into this
 // program, which must build where only the CUDA toolkit is). Tolerances, as max |gpu − reference| /
 // max |reference| unless said:
-//   exact (0): embedding fwd/bwd, rope, add, scale, copy_rows, sum_rows, dropout (the same
+//   exact (0): reserved memory (zeros where given back, values kept elsewhere),
+//     embedding fwd/bwd, rope, add, scale, copy_rows, sum_rows, dropout (the same
 //     counter-based masks), to_bf16, from_bf16, clip, rmsnorm_bwd's dw (same products, same
 //     summation order, no FMA contraction on either side);
 //   2e-6: rmsnorm_fwd y, rstd and rmsnorm_bwd dx (the sum of squares reduced in another order);
@@ -239,6 +240,38 @@ void test_rope_swiglu_add() {
   const std::vector<float> dwide = d_a.host();
   report("from_bf16 (NaN, inf, -0 included)", std::memcmp(dwide.data(), wide.data(), 4 * n) != 0,
          0);
+}
+
+// reserve/commit/decommit (core/device.h; FSDP's flat buffers): what a range given back reads
+// once committed again (zeros), what the partly covered granule at its end keeps (its values),
+// and that the device's memory in use falls when whole granules are given back. Stated for any
+// granule size up to 2 MiB (the offsets below are multiples of it).
+void test_reserved_memory() {
+  constexpr size_t M = size_t{1} << 20, total = 64 * M;
+  char* p = static_cast<char*>(cu::reserve(total + 100));
+  std::vector<float> pattern(M / 4);  // 1 MiB of floats
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<float>(i) + 0.5f;
+  cu::commit(p + M, 2 * M);  // [1, 3) MiB
+  cu::copy(p + M, pattern.data(), M);
+  cu::copy(p + 2 * M, pattern.data(), M);
+  cu::decommit(p, 2 * M + 4);  // [0, 2 MiB + 4): the granule at 2 MiB only in part
+  cu::commit(p, 3 * M);
+  std::vector<float> back(3 * M / 4);
+  cu::copy(back.data(), p, 3 * M);
+  bool zeros = true, kept = true;
+  for (size_t i = 0; i < (2 * M + 4) / 4; ++i) zeros = zeros && back[i] == 0.0f;
+  for (size_t i = (2 * M + 4) / 4; i < back.size(); ++i)
+    kept = kept && back[i] == pattern[i - 2 * M / 4];
+  report("decommit: the range reads zero once committed", !zeros, 0);
+  report("decommit: a granule covered in part keeps the rest", !kept, 0);
+  int64_t all = 0, used_full = 0, used_back = 0;
+  cu::commit(p, total + 100);
+  cu::memory_info(&all, &used_full);
+  cu::decommit(p, total + 100);
+  cu::memory_info(&all, &used_back);
+  report("decommit gives back at least 60 of 64 MiB", used_full - used_back < int64_t{60} << 20, 0);
+  cu::commit(p + 5 * M, 4);  // freed while mapped
+  cu::free(p);
 }
 
 // Columns [c0, c0 + n) of every row of a [rows, ld] matrix.
@@ -714,6 +747,7 @@ int main(int argc, char** argv) {
   try {
     std::printf("device: %s\n", cu::describe_device().c_str());
     test_embedding();
+    test_reserved_memory();
     test_rmsnorm();
     test_rope_swiglu_add();
     test_attention();

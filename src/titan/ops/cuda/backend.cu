@@ -14,6 +14,9 @@ Backend backend(bool bf16) {
   b.free = &cuda::free;
   b.copy = &cuda::copy;
   b.memset = &cuda::memset;
+  b.reserve = &cuda::reserve;
+  b.commit = &cuda::commit;
+  b.decommit = &cuda::decommit;
   b.embedding_fwd = &cuda::embedding_fwd;
   b.embedding_bwd = &cuda::embedding_bwd;
   b.embedding_fwd_range = &cuda::embedding_fwd_range;

@@ -44,7 +44,17 @@ std::string describe_device();
 // cudaMalloc: 256-byte aligned, uninitialized; out of memory is a titan::Error saying how much
 // was asked and is free.
 void* alloc(size_t bytes);
-void free(void* p);  // never throws
+void free(void* p);  // of alloc's or reserve's pointers; never throws
+// core/device.h's optional trio, over CUDA's virtual memory management (the driver's cuMem*
+// calls, found at run time through cudaGetDriverEntryPointByVersion, so nothing links libcuda):
+// reserve: cuMemAddressReserve of whole granules (the device's recommended granularity, 2 MiB on
+// current GPUs); commit: cuMemCreate + cuMemMap + cuMemSetAccess of each granule that lacks
+// memory, zeroed in stream order; decommit: zeroes the partial granules at either end where
+// mapped, waits for the stream (kernels may still read them), then unmaps and releases the whole
+// granules. Out of memory in commit is the titan::Error alloc's is.
+void* reserve(size_t bytes);
+void commit(void* p, size_t bytes);
+void decommit(void* p, size_t bytes);
 // The current device's memory: total and in use (cudaMemGetInfo), bytes.
 void memory_info(int64_t* total, int64_t* used);
 // cuBLASLt's GEMM rate at n³ (bf16 inputs with fp32 accumulation, or fp32), FLOP/s: best of 5

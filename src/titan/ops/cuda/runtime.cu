@@ -1,5 +1,13 @@
-// Device discovery and memory for the CUDA ops (ops/cuda/cuda_ops.h).
+// Device discovery and memory for the CUDA ops (ops/cuda/cuda_ops.h): cudaMalloc'd buffers, and
+// reserved address ranges whose granules are mapped and unmapped one by one (CUDA's virtual memory
+// management, the driver API reached through the runtime's entry-point query).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "titan/ops/cuda/cuda_ops.h"
 #include "titan/ops/cuda/runtime.h"
@@ -43,30 +51,199 @@ std::string describe_device() {
          mem + (n_devices() > 1 ? ", device " + std::to_string(dev) : std::string());
 }
 
+namespace {
+
+[[noreturn]] void out_of_memory(size_t bytes) {
+  size_t free_b = 0, total = 0;
+  cudaMemGetInfo(&free_b, &total);
+  char msg[320];
+  std::snprintf(msg, sizeof msg,
+                "out of GPU memory: %.2f GiB asked, %.2f GiB free of %.2f GiB (titan plan "
+                "--training.device cuda shows what a run needs; lower training.local_batch_size "
+                "or training.seq_len, or set activation_checkpoint.mode full)",
+                static_cast<double>(bytes) / (1ull << 30),
+                static_cast<double>(free_b) / (1ull << 30),
+                static_cast<double>(total) / (1ull << 30));
+  throw Error(msg);
+}
+
+// The driver's virtual-memory calls, looked up once.
+struct Vmm {
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+};
+
+template <typename Fn>
+void find_entry(const char* name, Fn* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  TITAN_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess || !p)
+    throw Error(std::string("CUDA: the driver has no ") + name);
+  *fn = reinterpret_cast<Fn>(p);
+}
+
+const Vmm& vmm() {
+  static const Vmm v = [] {
+    Vmm x;
+    find_entry("cuMemGetAllocationGranularity", &x.granularity);
+    find_entry("cuMemAddressReserve", &x.reserve);
+    find_entry("cuMemAddressFree", &x.address_free);
+    find_entry("cuMemCreate", &x.create);
+    find_entry("cuMemRelease", &x.release);
+    find_entry("cuMemMap", &x.map);
+    find_entry("cuMemUnmap", &x.unmap);
+    find_entry("cuMemSetAccess", &x.set_access);
+    return x;
+  }();
+  return v;
+}
+
+void check_cu(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS)
+    throw Error(std::string("CUDA: ") + what + " failed (CUresult " +
+                std::to_string(static_cast<int>(r)) + ")");
+}
+
+// A reserved range: its granules and the memory mapped behind each (0: none).
+struct Range {
+  CUdeviceptr base = 0;
+  size_t size = 0, granule = 0;
+  CUmemAllocationProp prop{};
+  std::vector<CUmemGenericAllocationHandle> mapped;
+};
+std::mutex g_mu;
+std::map<CUdeviceptr, Range> g_ranges;  // by base
+
+Range& range_of(const void* p) {
+  const auto a = reinterpret_cast<CUdeviceptr>(p);
+  auto it = g_ranges.upper_bound(a);
+  if (it == g_ranges.begin() || a >= std::prev(it)->second.base + std::prev(it)->second.size)
+    throw Error("CUDA: commit/decommit of memory outside every reserved range");
+  return std::prev(it)->second;
+}
+
+void unmap(Range& r, size_t g) {
+  const Vmm& v = vmm();
+  check_cu(v.unmap(r.base + g * r.granule, r.granule), "cuMemUnmap");
+  check_cu(v.release(r.mapped[g]), "cuMemRelease");
+  r.mapped[g] = 0;
+}
+
+}  // namespace
+
 void* alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    size_t free_b = 0, total = 0;
-    cudaMemGetInfo(&free_b, &total);
-    char msg[320];
-    std::snprintf(msg, sizeof msg,
-                  "out of GPU memory: %.2f GiB asked, %.2f GiB free of %.2f GiB (titan plan "
-                  "--training.device cuda shows what a run needs; lower training.local_batch_size "
-                  "or training.seq_len, or set activation_checkpoint.mode full)",
-                  static_cast<double>(bytes) / (1ull << 30),
-                  static_cast<double>(free_b) / (1ull << 30),
-                  static_cast<double>(total) / (1ull << 30));
-    throw Error(msg);
+    out_of_memory(bytes);
   }
   TITAN_CUDA_CHECK(e);
   return p;
 }
 
 void free(void* p) {
-  if (p) cudaFree(p);  // from destructors: never throws (a fault shows at the next check)
+  if (!p) return;
+  // From destructors: never throws (a fault shows at the next check).
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto it = g_ranges.find(reinterpret_cast<CUdeviceptr>(p));
+  if (it == g_ranges.end()) {
+    cudaFree(p);
+    return;
+  }
+  Range& r = it->second;
+  cudaStreamSynchronize(stream());
+  const Vmm& v = vmm();
+  for (size_t g = 0; g < r.mapped.size(); ++g)
+    if (r.mapped[g]) {
+      v.unmap(r.base + g * r.granule, r.granule);
+      v.release(r.mapped[g]);
+    }
+  v.address_free(r.base, r.size);
+  g_ranges.erase(it);
+}
+
+void* reserve(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const Vmm& v = vmm();
+  Range r;
+  int dev = 0;
+  TITAN_CUDA_CHECK(cudaGetDevice(&dev));
+  r.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  r.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  r.prop.location.id = dev;
+  check_cu(v.granularity(&r.granule, &r.prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+           "cuMemGetAllocationGranularity");
+  r.size = (bytes + r.granule - 1) / r.granule * r.granule;
+  check_cu(v.reserve(&r.base, r.size, r.granule, 0, 0), "cuMemAddressReserve");
+  r.mapped.assign(r.size / r.granule, 0);
+  std::lock_guard<std::mutex> lock(g_mu);
+  const CUdeviceptr base = r.base;
+  g_ranges.emplace(base, std::move(r));
+  return reinterpret_cast<void*>(base);
+}
+
+void commit(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Range& r = range_of(p);
+  const Vmm& v = vmm();
+  const size_t lo = reinterpret_cast<CUdeviceptr>(p) - r.base;
+  for (size_t g = lo / r.granule; g <= (lo + bytes - 1) / r.granule; ++g) {
+    if (r.mapped[g]) continue;
+    const CUdeviceptr at = r.base + g * r.granule;
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult made = v.create(&h, r.granule, &r.prop, 0);
+    if (made == CUDA_ERROR_OUT_OF_MEMORY) out_of_memory(r.granule);
+    check_cu(made, "cuMemCreate");
+    if (const CUresult m = v.map(at, r.granule, 0, h, 0); m != CUDA_SUCCESS) {
+      v.release(h);
+      check_cu(m, "cuMemMap");
+    }
+    r.mapped[g] = h;
+    CUmemAccessDesc access{};
+    access.location = r.prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    check_cu(v.set_access(at, r.granule, &access, 1), "cuMemSetAccess");
+    TITAN_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0, r.granule, stream()));
+  }
+}
+
+void decommit(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Range& r = range_of(p);
+  const size_t lo = reinterpret_cast<CUdeviceptr>(p) - r.base, hi = lo + bytes, G = r.granule;
+  // Zero what stays mapped: the parts of the first and last granules the range covers only in
+  // part (or the whole range inside one granule).
+  const size_t a = (lo + G - 1) / G * G, z = hi / G * G;
+  auto zero = [&](size_t from, size_t to) {
+    if (from < to && r.mapped[from / G])
+      TITAN_CUDA_CHECK(
+          cudaMemsetAsync(reinterpret_cast<void*>(r.base + from), 0, to - from, stream()));
+  };
+  if (a >= z) {
+    zero(lo, std::min(hi, a));
+    if (a < hi) zero(a, hi);
+    return;
+  }
+  zero(lo, a);
+  zero(z, hi);
+  bool waited = false;
+  for (size_t g = a / G; g < z / G; ++g) {
+    if (!r.mapped[g]) continue;
+    if (!waited) TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));  // kernels may still read it
+    waited = true;
+    unmap(r, g);
+  }
 }
 
 void memory_info(int64_t* total, int64_t* used) {
