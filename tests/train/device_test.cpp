@@ -381,38 +381,49 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
     EXPECT_EQ(s.loss, moe_bf16.loss[static_cast<size_t>(i)]) << "step " << i + 1;
     EXPECT_EQ(s.grad_norm, moe_bf16.norm[static_cast<size_t>(i)]) << "step " << i + 1;
   }
-  // The Hugging Face export of an FSDP run, each unit gathered whole and written by its rank
-  // from the host copy: the same files from hostdev as from the CPU.
-  std::vector<std::vector<uint8_t>> shards;
-  for (const std::string device : {"cpu", "hostdev"}) {
-    config::JobConfig e;
-    e.model.hf_assets_path = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/moe_norm";
-    e.checkpoint.initial_load_in_hf = true;
-    e.training.device = device;
-    e.training.mixed_precision_param = "float32";
-    e.training.seq_len = 12;
-    e.training.local_batch_size = 2;
-    e.training.steps = 2;
-    e.parallelism.data_parallel_shard_degree = 2;
-    e.metrics.peak_flops = 1e12;
-    e.metrics.enable_jsonl = false;
-    e.checkpoint.enable = true;
-    e.checkpoint.last_save_in_hf = true;
-    e.dump_folder = std::string(shared) + "/hf_" + device;
-    {
-      Trainer t(e, titan::testing::fox_docs());
-      t.train();
+  // The last save of an FSDP run: the Hugging Face export, each unit gathered whole and written
+  // by its rank from the host copy, and the native model-only save, every unit gathered into the
+  // host copy (on hostdev one at a time on the device) and written by rank 0: the same files from
+  // hostdev as from the CPU.
+  for (const bool hf : {true, false}) {
+    std::vector<std::vector<uint8_t>> files;
+    for (const std::string device : {"cpu", "hostdev"}) {
+      config::JobConfig e;
+      e.model.hf_assets_path = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/moe_norm";
+      e.checkpoint.initial_load_in_hf = true;
+      e.training.device = device;
+      e.training.mixed_precision_param = "float32";
+      e.training.seq_len = 12;
+      e.training.local_batch_size = 2;
+      e.training.steps = 2;
+      e.parallelism.data_parallel_shard_degree = 2;
+      e.metrics.peak_flops = 1e12;
+      e.metrics.enable_jsonl = false;
+      e.checkpoint.enable = true;
+      e.checkpoint.last_save_in_hf = hf;
+      e.dump_folder = std::string(shared) + (hf ? "/hf_" : "/native_") + device;
+      {
+        Trainer t(e, titan::testing::fox_docs());
+        t.train();
+      }
+      dist::world().barrier();  // rank 0's files are written
+      std::vector<std::filesystem::path> paths;
+      for (const auto& f :
+           std::filesystem::recursive_directory_iterator(e.dump_folder + "/checkpoint/step-2"))
+        if (f.path().extension() == ".safetensors") paths.push_back(f.path());
+      std::sort(paths.begin(), paths.end());
+      std::vector<uint8_t> all;
+      for (const auto& f : paths) {
+        std::ifstream in(f, std::ios::binary);
+        all.insert(all.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      EXPECT_EQ(paths.size(), hf ? 2u : 1u) << device;
+      files.push_back(std::move(all));
     }
-    std::vector<uint8_t> all;
-    for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
-      std::ifstream in(e.dump_folder + "/checkpoint/step-2/" + f, std::ios::binary);
-      EXPECT_TRUE(in.good()) << device << " " << f;
-      all.insert(all.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    shards.push_back(std::move(all));
+    EXPECT_GT(files[0].size(), 1000u);
+    EXPECT_EQ(files[0], files[1]) << (hf ? "the Hugging Face export" : "the native save")
+                                  << " of FSDP differs on hostdev";
   }
-  EXPECT_GT(shards[0].size(), 1000u);
-  EXPECT_EQ(shards[0], shards[1]) << "the FSDP Hugging Face export differs on hostdev";
 
   // EP over the TP ranks (each rank routing its own rows) is CPU-only: one line on every rank.
   config::JobConfig both = parallel_job("hostdev", Case{true, true, 2, 2});

@@ -42,7 +42,7 @@ void Storage::reserve(size_t nbytes, const DeviceMemory& mem) {
   release();
   mem_ = mem;
   if (nbytes == 0) return;
-  p_ = mem_.reserve((nbytes + 63) / 64 * 64);  // throws std::bad_alloc
+  p_ = mem_.reserve((nbytes + 63) / 64 * 64);  // throws when it cannot
   nbytes_ = nbytes;
   reserved_ = true;
 }

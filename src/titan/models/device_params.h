@@ -68,6 +68,15 @@ class DeviceParams {
     if (on_device()) zero_and_release(host_.data() + begin, len);
     held_.erase(begin);
   }
+  // Off the CPU, on a sharded buffer: [begin, begin + len) fetched into the host copy, which keeps
+  // it until give_back(), and the device's memory behind it given back (a read of the whole
+  // weights on the host, gathered a unit at a time). Elsewhere nothing (the device keeps it).
+  void give_back_device(int64_t begin, int64_t len) {
+    if (len <= 0 || !dev_.storage().reserved()) return;
+    copy(host_.data() + begin, dev_.data() + begin, len);
+    zero_and_release(dev_.storage(), dev_.data() + begin, sizeof(float) * static_cast<size_t>(len));
+    held_.erase(begin);
+  }
   // Memory behind [begin, begin + len) again (reading zero where it was given back) before it is
   // written; on a sharded device buffer, a range fetches and sends move from now on.
   void hold(int64_t begin, int64_t len) {

@@ -157,7 +157,9 @@ class ParamHooks {
   // A forward pass begins; a backward of the same microbatch follows it or not (evaluation).
   virtual void begin_pass(bool /*backward_follows*/) {}
   // Unit u's parameters are about to be read, in the forward or (backward = true) in the backward
-  // (a recomputation included); they must be whole in unit_param_data() when this returns.
+  // (a recomputation included); they must be whole in unit_param_data() when this returns, and
+  // the gradients this pass writes of them held (Model::hold): a layer's from its backward, the
+  // first and last units' from the forward when a backward follows.
   virtual void acquire(int64_t u, bool backward) = 0;
   // This pass is done with them (their last use in the forward, or in the backward). Returns
   // whether they were resharded (the model then drops what it derived from them: a compute copy).
@@ -231,6 +233,11 @@ class Model {
   enum class Flat { params, grads };
   virtual void give_back(Flat which, int64_t begin, int64_t len);
   virtual void hold(Flat /*which*/, int64_t /*begin*/, int64_t /*len*/) {}
+  // Off the CPU: the weights' range [begin, begin + len), whole on the device, kept in the host
+  // copy (param_data()) until give_back, its device memory given back where it can be, so that
+  // the host holds the whole weights while the device holds one unit at a time. Nothing on the
+  // CPU (the weights are the host's).
+  virtual void give_back_device(int64_t /*begin*/, int64_t /*len*/) {}
   // Tensor parallelism: the model's slice (set at construction) and the collectives of its tp
   // group (models/tensor_parallel.h); a model built whole ignores them.
   virtual TpSlice tp_slice() const { return {}; }

@@ -165,7 +165,12 @@ void Fsdp::gather_all() {
   reshard_all();  // what a pass left gathered holds bf16 values under bf16 gathers
   begin_pass(false);
   exact_ = true;
-  for (int64_t i = 0; i < units(); ++i) acquire(i, false);
+  for (int64_t i = 0; i < units(); ++i) {
+    acquire(i, false);
+    // Off the CPU the host copy is what is read: each unit kept there, its device memory given
+    // back, so the device never holds the whole weights.
+    for (Piece* u : unit(i)) model_.give_back_device(u->begin, u->len);
+  }
   exact_ = false;
 }
 

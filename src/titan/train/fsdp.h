@@ -14,10 +14,10 @@
 //                  backward follows, u−1 in the backward), which runs in the background
 //                  (dist::Communicator's lane) while u computes;
 //   release(u)     reshards it (zeros, memory given back: Model::give_back) after the backward
-//                  always, after
-//                  the forward per fsdp_reshard_after_forward: "default"/"always" for the
-//                  decoder layers and an untied embedding; the head ([norm, lm_head], with the
-//                  embedding when tied) only for "always" (torchtitan's apply_fsdp);
+//                  always, after the forward per fsdp_reshard_after_forward: "default" and
+//                  "always" for the decoder layers and an untied embedding; the head ([norm,
+//                  lm_head], with the embedding when tied) only for "always" (torchtitan's
+//                  apply_fsdp);
 //   grads_ready(u) starts the reduce-scatter of unit u's gradient of the microbatch (fp32 sums,
 //                  gradient divide factor 1) in the background, after finishing the previous
 //                  unit's: its block added (+=) to this rank's, its full gradient released. So
@@ -86,8 +86,9 @@ class Fsdp final : public models::ParamHooks {
   void finish_grads();
   // The masters changed (optimizer step): every unit resharded.
   void reshard_all();
-  // Every unit whole in the model, the fp32 masters exactly (an export, the error path's weight
-  // check); reshard_all after.
+  // Every unit whole in the model's param_data(), the fp32 masters exactly (an export, the error
+  // path's weight check; off the CPU in the host copy, the device holding a unit at a time);
+  // reshard_all after, before any pass.
   void gather_all();
   // fn(u) for each unit u in turn while it alone is whole (the fp32 masters exactly; the next
   // one on its way): what a parallel export reads, one unit's memory at a time.

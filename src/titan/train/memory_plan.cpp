@@ -169,10 +169,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     plan.lines.insert(plan.lines.end() - 1,
                       {"expert-parallel dispatch (rows received, exchange buffers)", ep_bytes});
   if (dp_shard > 1) {  // FSDP (train/fsdp.h)
-    // Whole at once: the head's group (kept gathered through the step by default; a tied
-    // embedding's gradient lives from the head's backward to the embedding's), the unit being
-    // computed and the next one (prefetched weights; the gradient still reducing), weights and
-    // gradients (and their bf16 copy).
+    // Whole at once: the head's group (kept gathered through the step by default; the first and
+    // last units' gradients are held from the forward on), the unit being computed and the next
+    // one (prefetched weights; the gradient still reducing), weights and gradients (and their
+    // bf16 copy).
     int64_t head = unit_local.back(), other = 0;
     bool tied = false;
     for (const auto& q : m.params()) tied = tied || q.alias;
@@ -180,19 +180,24 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i) other = std::max(other, unit_local[i]);
     // Given back unit by unit: host pages; a device's granules where it can (core/device.h
     // reserve). Elsewhere the flat buffers stay whole (fsdp.h).
-    if (t.device == "cpu" || ops::backend(t.device, "float32").reserve)
+    if (t.device == "cpu" || ops::backend(t.device, "float32").reserve) {
       plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
                                  : "gathered: head group + 2 largest units (fp32 w+g)",
                             (bf16 ? 10 : 8) * (head + 2 * other)});
-    else
+      // A GPU maps 2 MiB granules: the one two units share stays mapped, in each flat buffer.
+      if (t.device == "cuda")
+        plan.lines.push_back({"granules shared by adjacent units (2 MiB, kept mapped)",
+                              (bf16 ? 3 : 2) * static_cast<int64_t>(units.size()) << 21});
+    } else {
       plan.lines.push_back({bf16 ? "gathered into: whole weights and gradients (fp32 w+g, bf16)"
                                  : "gathered into: whole weights and gradients (fp32 w+g)",
                             (bf16 ? 10 : 8) * local});
+    }
     // Native initial weights are loaded whole (a TP/EP rank: its slices whole) before the
     // masters are sharded (a resumed checkpoint is read unit by unit, Hugging Face weights only
-    // in the rank's shard).
+    // in the rank's shard); off the CPU into the host copy, not the device's memory.
     const auto& k = cfg.checkpoint;
-    if (!k.initial_load_path.empty() && !k.initial_load_in_hf)
+    if (!k.initial_load_path.empty() && !k.initial_load_in_hf && t.device == "cpu")
       plan.lines.push_back({"initial weights: whole before sharding (given back)", 4 * local});
   }
   if (bf16 && m.frozen_base_weights() > 0) {

@@ -34,8 +34,9 @@
 // pass) and the MoE layers' statistics (expert counts, auxiliary-loss sums, fetched once per
 // pass). The host keeps a copy of the weights (param_data(), models/model.h), the expert biases
 // (buffers(), sent before each pass) and the expert counts. The LinearHooks (LoRA) get device
-// pointers; generation keeps its key/value cache in device memory. Tensor and expert parallelism
-// and the ParamHooks (FSDP) run on the CPU only: refused with one line.
+// pointers; generation keeps its key/value cache in device memory. Built sharded (FSDP), the
+// flat weight, gradient and compute-copy buffers are reserved ranges the hooks hold unit by unit
+// (models::BuildOptions::sharded).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -92,6 +93,9 @@ class Qwen3Model final : public models::Model {
   float* device_param_data() override;
   void give_back(Flat which, int64_t begin, int64_t len) override;
   void hold(Flat which, int64_t begin, int64_t len) override;
+  void give_back_device(int64_t begin, int64_t len) override {
+    params_buf_.give_back_device(begin, len);
+  }
   // Frozen (trainable = false) under bf16: the projections' fp32 pages are given back once their
   // compute copy is made (see models::Model::release_masters).
   void release_masters() override;

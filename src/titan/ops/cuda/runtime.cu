@@ -202,17 +202,21 @@ void commit(void* p, size_t bytes) {
     const CUdeviceptr at = r.base + g * r.granule;
     CUmemGenericAllocationHandle h = 0;
     const CUresult made = v.create(&h, r.granule, &r.prop, 0);
-    if (made == CUDA_ERROR_OUT_OF_MEMORY) out_of_memory(r.granule);
+    if (made == CUDA_ERROR_OUT_OF_MEMORY) out_of_memory(bytes);
     check_cu(made, "cuMemCreate");
     if (const CUresult m = v.map(at, r.granule, 0, h, 0); m != CUDA_SUCCESS) {
       v.release(h);
       check_cu(m, "cuMemMap");
     }
-    r.mapped[g] = h;
     CUmemAccessDesc access{};
     access.location = r.prop.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    check_cu(v.set_access(at, r.granule, &access, 1), "cuMemSetAccess");
+    if (const CUresult a = v.set_access(at, r.granule, &access, 1); a != CUDA_SUCCESS) {
+      v.unmap(at, r.granule);
+      v.release(h);
+      check_cu(a, "cuMemSetAccess");
+    }
+    r.mapped[g] = h;
     TITAN_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0, r.granule, stream()));
   }
 }
