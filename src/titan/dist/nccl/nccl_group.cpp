@@ -1,5 +1,10 @@
-// NCCL groups; see nccl_group.h. Every collective runs on the default CUDA stream, in the order
-// of titan's kernels there, and is complete (the stream synchronized) when the call returns.
+// NCCL groups; see nccl_group.h. Every collective runs on the group's own CUDA stream (non-
+// blocking, so the kernels on titan's stream run beside it), after everything queued on titan's
+// stream before the call (an event it waits for): the inputs are ready, and a buffer an earlier
+// kernel still reads is not yet overwritten. A blocking call returns once the collective is
+// complete; an …_async one returns at once and its wait() blocks until it is, so the kernels
+// queued meanwhile (the next unit's compute) overlap it on the GPU. Nothing is given back or
+// read before wait() (the callers' rule), so no buffer is in use by two streams at once.
 #include "titan/dist/nccl/nccl_group.h"
 
 #include "titan/core/error.h"
@@ -8,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -22,13 +28,43 @@ void check_nccl(ncclResult_t r, const char* what) {
 }
 #define TITAN_NCCL(call) check_nccl((call), #call)
 
-void sync() {
-  const cudaError_t e = cudaStreamSynchronize(nullptr);
-  if (e != cudaSuccess) throw Error(std::string("NCCL collective: ") + cudaGetErrorString(e));
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(std::string("NCCL collective: ") + what + ": " + cudaGetErrorString(e));
 }
 
-struct Done final : Request {
-  void wait() override {}
+// One collective in flight on a group's stream: timing events around it.
+class InFlight final : public Request {
+ public:
+  explicit InFlight(cudaStream_t s) : stream_(s) {
+    check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&done_), "cudaEventCreate");
+    // After everything titan's stream (the legacy default stream) has queued so far.
+    check_cuda(cudaEventRecord(start_, cudaStreamLegacy), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, start_, 0), "cudaStreamWaitEvent");
+  }
+  ~InFlight() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(done_);
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  // After the NCCL calls were queued.
+  void queued() { check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord"); }
+  void wait() override {
+    if (waited_) return;
+    check_cuda(cudaEventSynchronize(done_), "the collective");
+    float ms = 0;  // from the start event (titan's stream caught up) to the collective's end
+    if (cudaEventElapsedTime(&ms, start_, done_) == cudaSuccess) seconds_ = 1e-3 * ms;
+    waited_ = true;
+  }
+  double seconds() const override { return seconds_; }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, done_ = nullptr;
+  bool waited_ = false;
+  double seconds_ = 0;
 };
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
@@ -36,8 +72,14 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMa
 class NcclGroup final : public Communicator {
  public:
   NcclGroup(ncclComm_t comm, Communicator& host, std::unique_ptr<Communicator> owned = nullptr)
-      : comm_(comm), host_(host), owned_(std::move(owned)) {}
-  ~NcclGroup() override { ncclCommDestroy(comm_); }
+      : comm_(comm), host_(host), owned_(std::move(owned)) {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~NcclGroup() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
 
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
@@ -47,61 +89,60 @@ class NcclGroup final : public Communicator {
   void all_reduce(double* x, int64_t n, ReduceOp op) override { reduce(x, n, ncclDouble, 8, op); }
   void all_reduce(int64_t* x, int64_t n, ReduceOp op) override { reduce(x, n, ncclInt64, 8, op); }
   std::unique_ptr<Request> all_reduce_async(float* x, int64_t n) override {
-    all_reduce(x, n, ReduceOp::sum);
-    return std::make_unique<Done>();
+    return reduce_async(x, n, ncclFloat, 4, ReduceOp::sum);
   }
   void reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) override {
-    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    if (equal(counts)) {
-      TITAN_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(counts[0]), ncclFloat, ncclSum,
-                                   comm_, nullptr));
-    } else {  // one reduce to each block's rank
-      TITAN_NCCL(ncclGroupStart());
-      int64_t at = 0;
-      for (int r = 0; r < size(); ++r) {
-        TITAN_NCCL(ncclReduce(in + at, out, static_cast<size_t>(counts[static_cast<size_t>(r)]),
-                              ncclFloat, ncclSum, r, comm_, nullptr));
-        at += counts[static_cast<size_t>(r)];
-      }
-      TITAN_NCCL(ncclGroupEnd());
-    }
-    sync();
-    count(4.0 * static_cast<double>(total) * (size() - 1) / size());
+    reduce_scatter_async(in, out, counts)->wait();
   }
   void all_gather(float* x, const std::vector<int64_t>& counts) override {
-    gather(x, counts, ncclFloat, 4);
+    gather(x, counts, ncclFloat, 4)->wait();
   }
   std::unique_ptr<Request> reduce_scatter_async(const float* in, float* out,
                                                 const std::vector<int64_t>& counts) override {
-    reduce_scatter(in, out, counts);
-    return std::make_unique<Done>();
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    auto r = std::make_unique<InFlight>(stream_);
+    if (equal(counts)) {
+      TITAN_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(counts[0]), ncclFloat, ncclSum,
+                                   comm_, stream_));
+    } else {  // one reduce to each block's rank
+      TITAN_NCCL(ncclGroupStart());
+      int64_t at = 0;
+      for (int q = 0; q < size(); ++q) {
+        TITAN_NCCL(ncclReduce(in + at, out, static_cast<size_t>(counts[static_cast<size_t>(q)]),
+                              ncclFloat, ncclSum, q, comm_, stream_));
+        at += counts[static_cast<size_t>(q)];
+      }
+      TITAN_NCCL(ncclGroupEnd());
+    }
+    r->queued();
+    count(4.0 * static_cast<double>(total) * (size() - 1) / size());
+    return r;
   }
   std::unique_ptr<Request> all_gather_async(float* x, const std::vector<int64_t>& counts) override {
-    gather(x, counts, ncclFloat, 4);
-    return std::make_unique<Done>();
+    return gather(x, counts, ncclFloat, 4);
   }
   std::unique_ptr<Request> all_gather_async(uint16_t* x,
                                             const std::vector<int64_t>& counts) override {
-    gather(x, counts, ncclHalf, 2);  // bf16 bits moved, never combined (any 2-byte type)
-    return std::make_unique<Done>();
+    return gather(x, counts, ncclHalf, 2);  // bf16 bits moved, never combined (any 2-byte type)
   }
   void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
                   const std::vector<int64_t>& recv) override {
-    exchange(in, send, out, recv, ncclFloat, 4);
+    exchange(in, send, out, recv, ncclFloat, 4)->wait();
   }
   std::unique_ptr<Request> all_to_all_async(const float* in, const std::vector<int64_t>& send,
                                             float* out, const std::vector<int64_t>& recv) override {
-    exchange(in, send, out, recv, ncclFloat, 4);
-    return std::make_unique<Done>();
+    return exchange(in, send, out, recv, ncclFloat, 4);
   }
   void all_to_all(const int64_t* in, int64_t* out, int64_t n) override {
     const std::vector<int64_t> blocks(static_cast<size_t>(size()), n);
-    exchange(in, blocks, out, blocks, ncclInt64, 8);
+    exchange(in, blocks, out, blocks, ncclInt64, 8)->wait();
   }
   void broadcast(void* data, int64_t bytes, int root) override {
+    auto r = std::make_unique<InFlight>(stream_);
     TITAN_NCCL(
-        ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclChar, root, comm_, nullptr));
-    sync();
+        ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclChar, root, comm_, stream_));
+    r->queued();
+    r->wait();
     count(static_cast<double>(bytes) * (size() - 1) / size());
   }
   void barrier() override { host_.barrier(); }
@@ -120,32 +161,43 @@ class NcclGroup final : public Communicator {
     return true;
   }
   void reduce(void* x, int64_t n, ncclDataType_t type, int bytes, ReduceOp op) {
-    if (n <= 0) return;
-    TITAN_NCCL(ncclAllReduce(x, x, static_cast<size_t>(n), type, nccl_op(op), comm_, nullptr));
-    sync();
-    count(2.0 * bytes * static_cast<double>(n) * (size() - 1) / size());
+    reduce_async(x, n, type, bytes, op)->wait();
+  }
+  std::unique_ptr<InFlight> reduce_async(void* x, int64_t n, ncclDataType_t type, int bytes,
+                                         ReduceOp op) {
+    auto r = std::make_unique<InFlight>(stream_);
+    if (n > 0)
+      TITAN_NCCL(ncclAllReduce(x, x, static_cast<size_t>(n), type, nccl_op(op), comm_, stream_));
+    r->queued();
+    count(2.0 * bytes * static_cast<double>(std::max<int64_t>(n, 0)) * (size() - 1) / size());
+    return r;
   }
   // In place: block r of x (counts[r] values) from rank r to every rank.
-  void gather(void* x, const std::vector<int64_t>& counts, ncclDataType_t type, int bytes) {
+  std::unique_ptr<InFlight> gather(void* x, const std::vector<int64_t>& counts, ncclDataType_t type,
+                                   int bytes) {
+    auto r = std::make_unique<InFlight>(stream_);
     auto* base = static_cast<char*>(x);
     std::vector<int64_t> at(counts.size() + 1, 0);
     std::partial_sum(counts.begin(), counts.end(), at.begin() + 1);
     if (equal(counts)) {
       TITAN_NCCL(ncclAllGather(base + at[static_cast<size_t>(rank())] * bytes, base,
-                               static_cast<size_t>(counts[0]), type, comm_, nullptr));
+                               static_cast<size_t>(counts[0]), type, comm_, stream_));
     } else {
       TITAN_NCCL(ncclGroupStart());
-      for (int r = 0; r < size(); ++r)
+      for (int q = 0; q < size(); ++q)
         TITAN_NCCL(ncclBroadcast(
-            base + at[static_cast<size_t>(r)] * bytes, base + at[static_cast<size_t>(r)] * bytes,
-            static_cast<size_t>(counts[static_cast<size_t>(r)]), type, r, comm_, nullptr));
+            base + at[static_cast<size_t>(q)] * bytes, base + at[static_cast<size_t>(q)] * bytes,
+            static_cast<size_t>(counts[static_cast<size_t>(q)]), type, q, comm_, stream_));
       TITAN_NCCL(ncclGroupEnd());
     }
-    sync();
+    r->queued();
     count(static_cast<double>(bytes) * static_cast<double>(at.back()) * (size() - 1) / size());
+    return r;
   }
-  void exchange(const void* in, const std::vector<int64_t>& send, void* out,
-                const std::vector<int64_t>& recv, ncclDataType_t type, int bytes) {
+  std::unique_ptr<InFlight> exchange(const void* in, const std::vector<int64_t>& send, void* out,
+                                     const std::vector<int64_t>& recv, ncclDataType_t type,
+                                     int bytes) {
+    auto req = std::make_unique<InFlight>(stream_);
     const auto* src = static_cast<const char*>(in);
     auto* dst = static_cast<char*>(out);
     double sent = 0;
@@ -155,20 +207,22 @@ class NcclGroup final : public Communicator {
       const auto i = static_cast<size_t>(r);
       if (send[i] > 0)
         TITAN_NCCL(
-            ncclSend(src + s_at * bytes, static_cast<size_t>(send[i]), type, r, comm_, nullptr));
+            ncclSend(src + s_at * bytes, static_cast<size_t>(send[i]), type, r, comm_, stream_));
       if (recv[i] > 0)
         TITAN_NCCL(
-            ncclRecv(dst + r_at * bytes, static_cast<size_t>(recv[i]), type, r, comm_, nullptr));
+            ncclRecv(dst + r_at * bytes, static_cast<size_t>(recv[i]), type, r, comm_, stream_));
       if (r != rank()) sent += static_cast<double>(send[i]) * bytes;
       s_at += send[i];
       r_at += recv[i];
     }
     TITAN_NCCL(ncclGroupEnd());
-    sync();
+    req->queued();
     count(sent);
+    return req;
   }
 
   ncclComm_t comm_;
+  cudaStream_t stream_ = nullptr;  // the collectives' stream
   Communicator& host_;
   std::unique_ptr<Communicator> owned_;  // the host group of a split
 };

@@ -16,9 +16,11 @@ bool nccl_built();
 // The NCCL group of `host`'s ranks on the current CUDA device. Buffers passed to it are device
 // memory of that GPU. all_reduce (float, double, int64 sums and maxima), reduce_scatter and
 // all_gather (equal blocks as one NCCL call, unequal ones as grouped reduces and broadcasts),
-// all_to_all (grouped sends and receives), broadcast and split; the …_async forms complete
-// before they return. `host` must outlive the group. Throws titan::Error without NCCL or when
-// NCCL fails (naming the call and NCCL's message).
+// all_to_all (grouped sends and receives), broadcast and split. Each runs on the group's own
+// CUDA stream after the work already queued on titan's stream; the …_async forms return at once
+// (their wait() blocks until the collective completed; kernels queued meanwhile run beside it),
+// the others once it completed. `host` must outlive the group. Throws titan::Error without NCCL or
+// when NCCL fails (naming the call and NCCL's message).
 std::unique_ptr<Communicator> nccl_group(Communicator& host);
 
 }  // namespace titan::dist
