@@ -4,8 +4,11 @@
 // a CPU run is data movement: the weights' host copy fetched and sent, the batch copied, the MoE
 // statistics fetched, the expert biases sent, AdamW's moments staged for checkpoints. With the
 // same kernels in the same order a device run must give the CPU run's bits exactly; a missing
-// copy shows as a different loss. (That device pointers are never dereferenced on the host is
-// what a real GPU checks: scripts/gpu-check.sh.)
+// copy shows as a different loss. hostdev also reserves address ranges and commits them a page at
+// a time (FSDP's flat buffers), pages given back made inaccessible, so that a touch of memory
+// given back faults; "hostwhole" is the same device without that (buffers allocated whole).
+// (That device pointers are never dereferenced on the host is what a real GPU checks:
+// scripts/gpu-check.sh.)
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -120,38 +123,42 @@ void dev_memset(void* d, int v, size_t n) {
   if (n) std::memset(d, v, n);
 }
 
-// Registers hostdev's backends and optimizer kernels (once per process) and its RoPE and
-// grouped-experts ops (again after a test reset the op table).
-void register_hostdev() {
-  static const bool done = [] {
+// Registers a stand-in device's backends and optimizer kernels (once per process) and its RoPE
+// and grouped-experts ops (again after a test reset the op table): "hostdev", and "hostwhole",
+// the same without reserve/commit/decommit (a device whose buffers are allocated whole).
+void register_device(const std::string& name, bool reserve) {
+  static std::vector<std::string> done;
+  if (std::find(done.begin(), done.end(), name) == done.end()) {
+    done.push_back(name);
     for (ops::Backend b : {ops::cpu_backend(), ops::cpu_bf16_backend()}) {
-      b.device = "hostdev";
+      b.device = name;
       b.alloc = &dev_alloc;
       b.free = &dev_free;
       b.copy = &dev_copy;
       b.memset = &dev_memset;
-      b.reserve = &dev_reserve;
-      b.commit = &dev_commit;
-      b.decommit = &dev_decommit;
+      if (reserve) {
+        b.reserve = &dev_reserve;
+        b.commit = &dev_commit;
+        b.decommit = &dev_decommit;
+      }
       ops::register_backend(b);
     }
     optim::Kernels k = optim::kernels("cpu");
-    k.device = "hostdev";
+    k.device = name;
     optim::register_kernels(k);
-    return true;
-  }();
-  (void)done;
+  }
   plugin::Registry& reg = plugin::Registry::global();
-  if (reg.ops().has(ops::RopeOp::kKind, "cos_sin_rope", "hostdev", "float32")) return;
+  if (reg.ops().has(ops::RopeOp::kKind, "cos_sin_rope", name, "float32")) return;
   for (ops::RopeOp op : {ops::cos_sin_rope_op()}) {
-    op.device = "hostdev";
+    op.device = name;
     reg.add_op(op);
   }
   for (ops::GroupedExpertsOp op : {ops::grouped_experts_op(), ops::grouped_experts_bf16_op()}) {
-    op.device = "hostdev";
+    op.device = name;
     reg.add_op(op);
   }
 }
+void register_hostdev() { register_device("hostdev", true); }
 
 config::JobConfig job(const std::string& device, bool moe, bool bf16) {
   config::JobConfig c = titan::testing::tiny_model_job();
@@ -316,9 +323,10 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
   }
   ASSERT_EQ(dist::world().size(), 2);
   register_hostdev();
-  if (!dist::has_device_group("hostdev"))
-    dist::register_device_group("hostdev",
-                                [](dist::Communicator& h) { return h.split(0, h.rank()); });
+  register_device("hostwhole", false);
+  for (const char* name : {"hostdev", "hostwhole"})
+    if (!dist::has_device_group(name))
+      dist::register_device_group(name, [](dist::Communicator& h) { return h.split(0, h.rank()); });
   struct Case {
     bool moe, bf16;
     int ep = 1, tp = 1;
@@ -359,6 +367,10 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
       EXPECT_GT(dev.reserved_pages, 0) << what;
       EXPECT_LT(dev.peak_pages, dev.reserved_pages) << what;
       EXPECT_LT(4 * dev.pages_after, dev.reserved_pages) << what;
+      // A device without reserve: whole buffers, resharding only zeroes; the same bits.
+      const Trained whole = train_steps(parallel_job("hostwhole", k), 4);
+      EXPECT_EQ(whole.reserved_pages, 0) << what;
+      expect_same(cpu, whole, what + " (hostwhole)");
     }
     if (k.moe && k.bf16 && k.ep == 2) moe_bf16 = dev;
   }
@@ -387,7 +399,7 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
   // hostdev as from the CPU.
   for (const bool hf : {true, false}) {
     std::vector<std::vector<uint8_t>> files;
-    for (const std::string device : {"cpu", "hostdev"}) {
+    for (const std::string device : {"cpu", "hostdev", "hostwhole"}) {
       config::JobConfig e;
       e.model.hf_assets_path = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/moe_norm";
       e.checkpoint.initial_load_in_hf = true;
@@ -421,8 +433,9 @@ TEST(DeviceTraining, ParallelismOnTwoRanksGivesTheCpuRunsBits) {
       files.push_back(std::move(all));
     }
     EXPECT_GT(files[0].size(), 1000u);
-    EXPECT_EQ(files[0], files[1]) << (hf ? "the Hugging Face export" : "the native save")
-                                  << " of FSDP differs on hostdev";
+    for (size_t d : {1, 2})
+      EXPECT_EQ(files[0], files[d]) << (hf ? "the Hugging Face export" : "the native save")
+                                    << " of FSDP differs on " << (d == 1 ? "hostdev" : "hostwhole");
   }
 
   // EP over the TP ranks (each rank routing its own rows) is CPU-only: one line on every rank.
