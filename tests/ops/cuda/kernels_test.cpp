@@ -26,6 +26,8 @@
 //     exact in fp32, so the same bound holds for gemm_bf16).
 // Exit 0: all passed; 1: a check failed; 77: no GPU visible (ctest reports it skipped).
 // --probe: also measures cuBLASLt's bf16 and fp32 GEMM rate at 8192³ (TFLOP/s).
+#include <cuda_runtime.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +36,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "titan/core/error.h"
@@ -264,14 +267,38 @@ void test_reserved_memory() {
     kept = kept && back[i] == pattern[i - 2 * M / 4];
   report("decommit: the range reads zero once committed", !zeros, 0);
   report("decommit: a granule covered in part keeps the rest", !kept, 0);
+  // The unmap waits for the kernels queued before: with the stream held up (a host function
+  // sleeping 300 ms), a kernel on the range queued, then the range given back, taken back before
+  // the kernel ran, written by a second kernel, given back again, and the stream let go: no fault
+  // (the kernels ran on mapped memory), and the range read back after a last commit is zeros.
+  cu::commit(p + 8 * M, 4 * M);
+  cu::copy(p + 8 * M, pattern.data(), M);
+  auto hold_up = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
+  if (cudaLaunchHostFunc(cudaStreamLegacy, hold_up, nullptr) != cudaSuccess)
+    throw titan::Error("cudaLaunchHostFunc failed");
+  auto* f = reinterpret_cast<float*>(p + 8 * M);
+  cu::scale_inplace(f, static_cast<int64_t>(M), 2.0f);  // queued behind the sleep
+  cu::decommit(p + 8 * M, 4 * M);                       // retiring, not unmapped
+  cu::commit(p + 8 * M, 4 * M);                         // taken back (zeroed in stream order)
+  cu::scale_inplace(f, static_cast<int64_t>(M), 3.0f);
+  cu::decommit(p + 8 * M, 4 * M);
+  cu::synchronize();
+  cu::commit(p + 8 * M, 4 * M);
+  cu::copy(back.data(), p + 8 * M, M);
+  bool again = true;
+  for (size_t i = 0; i < M / 4; ++i) again = again && back[i] == 0.0f;
+  report("kernels queued before a decommit run on mapped memory; zeros", !again, 0);
   int64_t all = 0, used_full = 0, used_back = 0;
   cu::commit(p, total + 100);
   cu::memory_info(&all, &used_full);
   cu::decommit(p, total + 100);
+  cu::synchronize();
+  cu::commit(p, 4);  // unmaps what retired (and maps the first granule again)
   cu::memory_info(&all, &used_back);
   report("decommit gives back at least 60 of 64 MiB", used_full - used_back < int64_t{60} << 20, 0);
-  cu::commit(p + 5 * M, 4);  // freed while mapped
-  cu::free(p);
+  cu::decommit(p, 2 * M);
+  cu::commit(p + 5 * M, 4);
+  cu::free(p);  // with granules mapped and retiring
 }
 
 // Columns [c0, c0 + n) of every row of a [rows, ld] matrix.

@@ -33,38 +33,66 @@ void check_cuda(cudaError_t e, const char* what) {
     throw Error(std::string("NCCL collective: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// One collective in flight on a group's stream: timing events around it.
+// One collective in flight on a group's stream: queued after an event on titan's stream (the
+// legacy default stream), timed from when the group's stream reaches it (after titan's stream
+// caught up and the group's earlier collectives finished) to its end.
 class InFlight final : public Request {
  public:
   explicit InFlight(cudaStream_t s) : stream_(s) {
-    check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&begin_), "cudaEventCreate");
     check_cuda(cudaEventCreate(&done_), "cudaEventCreate");
-    // After everything titan's stream (the legacy default stream) has queued so far.
-    check_cuda(cudaEventRecord(start_, cudaStreamLegacy), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, start_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaEventRecord(begin_, stream_), "cudaEventRecord");
   }
   ~InFlight() override {
-    cudaEventDestroy(start_);
+    // Not waited for (an error unwinding): what titan's stream runs next waits for it, so that
+    // its buffers are not reused under it.
+    if (!waited_ && queued_) cudaStreamWaitEvent(cudaStreamLegacy, done_, 0);
+    cudaEventDestroy(ready_);
+    cudaEventDestroy(begin_);
     cudaEventDestroy(done_);
   }
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
   // After the NCCL calls were queued.
-  void queued() { check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord"); }
+  void queued() {
+    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    queued_ = true;
+  }
   void wait() override {
     if (waited_) return;
     check_cuda(cudaEventSynchronize(done_), "the collective");
-    float ms = 0;  // from the start event (titan's stream caught up) to the collective's end
-    if (cudaEventElapsedTime(&ms, start_, done_) == cudaSuccess) seconds_ = 1e-3 * ms;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, begin_, done_) == cudaSuccess) seconds_ = 1e-3 * ms;
     waited_ = true;
   }
   double seconds() const override { return seconds_; }
 
  private:
   cudaStream_t stream_;
-  cudaEvent_t start_ = nullptr, done_ = nullptr;
-  bool waited_ = false;
+  cudaEvent_t ready_ = nullptr, begin_ = nullptr, done_ = nullptr;
+  bool queued_ = false, waited_ = false;
   double seconds_ = 0;
+};
+
+// ncclGroupStart() … ncclGroupEnd(), the end also when a call in between throws.
+class NcclBatch {
+ public:
+  NcclBatch() { TITAN_NCCL(ncclGroupStart()); }
+  ~NcclBatch() {
+    if (open_) ncclGroupEnd();
+  }
+  NcclBatch(const NcclBatch&) = delete;
+  NcclBatch& operator=(const NcclBatch&) = delete;
+  void end() {
+    open_ = false;
+    TITAN_NCCL(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
 };
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
@@ -105,14 +133,14 @@ class NcclGroup final : public Communicator {
       TITAN_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(counts[0]), ncclFloat, ncclSum,
                                    comm_, stream_));
     } else {  // one reduce to each block's rank
-      TITAN_NCCL(ncclGroupStart());
+      NcclBatch batch;
       int64_t at = 0;
       for (int q = 0; q < size(); ++q) {
         TITAN_NCCL(ncclReduce(in + at, out, static_cast<size_t>(counts[static_cast<size_t>(q)]),
                               ncclFloat, ncclSum, q, comm_, stream_));
         at += counts[static_cast<size_t>(q)];
       }
-      TITAN_NCCL(ncclGroupEnd());
+      batch.end();
     }
     r->queued();
     count(4.0 * static_cast<double>(total) * (size() - 1) / size());
@@ -183,12 +211,12 @@ class NcclGroup final : public Communicator {
       TITAN_NCCL(ncclAllGather(base + at[static_cast<size_t>(rank())] * bytes, base,
                                static_cast<size_t>(counts[0]), type, comm_, stream_));
     } else {
-      TITAN_NCCL(ncclGroupStart());
+      NcclBatch batch;
       for (int q = 0; q < size(); ++q)
         TITAN_NCCL(ncclBroadcast(
             base + at[static_cast<size_t>(q)] * bytes, base + at[static_cast<size_t>(q)] * bytes,
             static_cast<size_t>(counts[static_cast<size_t>(q)]), type, q, comm_, stream_));
-      TITAN_NCCL(ncclGroupEnd());
+      batch.end();
     }
     r->queued();
     count(static_cast<double>(bytes) * static_cast<double>(at.back()) * (size() - 1) / size());
@@ -201,7 +229,7 @@ class NcclGroup final : public Communicator {
     const auto* src = static_cast<const char*>(in);
     auto* dst = static_cast<char*>(out);
     double sent = 0;
-    TITAN_NCCL(ncclGroupStart());
+    NcclBatch batch;
     int64_t s_at = 0, r_at = 0;
     for (int r = 0; r < size(); ++r) {
       const auto i = static_cast<size_t>(r);
@@ -215,7 +243,7 @@ class NcclGroup final : public Communicator {
       s_at += send[i];
       r_at += recv[i];
     }
-    TITAN_NCCL(ncclGroupEnd());
+    batch.end();
     req->queued();
     count(sent);
     return req;

@@ -50,8 +50,10 @@ void free(void* p);  // of alloc's or reserve's pointers; never throws
 // reserve: cuMemAddressReserve of whole granules (the device's recommended granularity, 2 MiB on
 // current GPUs); commit: cuMemCreate + cuMemMap + cuMemSetAccess of each granule that lacks
 // memory, zeroed in stream order; decommit: zeroes the partial granules at either end where
-// mapped, waits for the stream (kernels may still read them), then unmaps and releases the whole
-// granules. Out of memory in commit is the titan::Error alloc's is.
+// mapped and retires the whole granules: unmapped and released once an event recorded after
+// the kernels queued so far (which may still use them) has passed, checked at each later call,
+// or taken back by a commit before that (zeroed in stream order). Out of memory in commit first
+// waits for the retiring granules, then is the titan::Error alloc's is.
 void* reserve(size_t bytes);
 void commit(void* p, size_t bytes);
 void decommit(void* p, size_t bytes);

@@ -1,9 +1,12 @@
 // Device discovery and memory for the CUDA ops (ops/cuda/cuda_ops.h): cudaMalloc'd buffers, and
 // reserved address ranges whose granules are mapped and unmapped one by one (CUDA's virtual memory
-// management, the driver API reached through the runtime's entry-point query).
+// management, the driver API reached through the runtime's entry-point query), an unmap deferred
+// until the kernels queued before it have run, so that giving memory back never waits for the
+// GPU.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -111,40 +114,117 @@ void check_cu(CUresult r, const char* what) {
                 std::to_string(static_cast<int>(r)) + ")");
 }
 
-// A reserved range: its granules and the memory mapped behind each (0: none).
+// A reserved range: its granules and the memory mapped behind each (0: none). A granule given
+// back while kernels queued before may still use it is "retiring": mapped until the event after
+// them has passed (then unmapped), or taken again by a commit before that (zeroed in stream
+// order, no unmap, no wait).
 struct Range {
   CUdeviceptr base = 0;
   size_t size = 0, granule = 0;
   CUmemAllocationProp prop{};
   std::vector<CUmemGenericAllocationHandle> mapped;
+  std::vector<char> retiring;
 };
 std::mutex g_mu;
 std::map<CUdeviceptr, Range> g_ranges;  // by base
+// Granules given back by one decommit: unmapped once `done` (recorded after it) has passed.
+struct Retiring {
+  CUdeviceptr range = 0;
+  std::vector<size_t> granules;
+  cudaEvent_t done = nullptr;
+};
+std::vector<Retiring> g_retiring;
 
-Range& range_of(const void* p) {
+// The reserved range [p, p + bytes) lies in.
+Range& range_of(const void* p, size_t bytes) {
   const auto a = reinterpret_cast<CUdeviceptr>(p);
   auto it = g_ranges.upper_bound(a);
-  if (it == g_ranges.begin() || a >= std::prev(it)->second.base + std::prev(it)->second.size)
+  if (it == g_ranges.begin() || a + bytes > std::prev(it)->second.base + std::prev(it)->second.size)
     throw Error("CUDA: commit/decommit of memory outside every reserved range");
   return std::prev(it)->second;
 }
 
-void unmap(Range& r, size_t g) {
+// Unmaps the granules of the retiring groups whose event has passed (all of them, after waiting
+// for the stream, when `all`). A granule is in one group at most: a commit taking it back
+// removes it from its group.
+void reap(bool all) {
+  if (g_retiring.empty()) return;
+  if (all) TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  // First the groups whose event passed are taken out of the list, then unmapped: an error
+  // part-way leaves granules mapped, never unmapped twice.
+  std::vector<Retiring> ready;
+  cudaError_t bad = cudaSuccess;
+  size_t kept = 0;
+  for (size_t i = 0; i < g_retiring.size(); ++i) {
+    const cudaError_t q = cudaEventQuery(g_retiring[i].done);
+    if (q == cudaSuccess) {
+      ready.push_back(std::move(g_retiring[i]));
+      continue;
+    }
+    if (q != cudaErrorNotReady) bad = q;
+    if (kept != i) g_retiring[kept] = std::move(g_retiring[i]);
+    ++kept;
+  }
+  g_retiring.resize(kept);
   const Vmm& v = vmm();
-  check_cu(v.unmap(r.base + g * r.granule, r.granule), "cuMemUnmap");
-  check_cu(v.release(r.mapped[g]), "cuMemRelease");
-  r.mapped[g] = 0;
+  for (Retiring& t : ready) {
+    cudaEventDestroy(t.done);
+    if (t.granules.empty()) continue;  // all taken back, or the range freed
+    Range& r = g_ranges.at(t.range);
+    for (size_t g : t.granules) {
+      const CUmemGenericAllocationHandle h = r.mapped[g];
+      r.mapped[g] = 0;
+      r.retiring[g] = 0;
+      check_cu(v.unmap(r.base + g * r.granule, r.granule), "cuMemUnmap");
+      check_cu(v.release(h), "cuMemRelease");
+    }
+  }
+  TITAN_CUDA_CHECK(bad);
+}
+
+// Maps fresh memory behind granule g of r (out of memory: false).
+bool map_granule(Range& r, size_t g) {
+  const Vmm& v = vmm();
+  const CUdeviceptr at = r.base + g * r.granule;
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult made = v.create(&h, r.granule, &r.prop, 0);
+  if (made == CUDA_ERROR_OUT_OF_MEMORY) return false;
+  check_cu(made, "cuMemCreate");
+  if (const CUresult m = v.map(at, r.granule, 0, h, 0); m != CUDA_SUCCESS) {
+    v.release(h);
+    check_cu(m, "cuMemMap");
+  }
+  CUmemAccessDesc access{};
+  access.location = r.prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (const CUresult a = v.set_access(at, r.granule, &access, 1); a != CUDA_SUCCESS) {
+    v.unmap(at, r.granule);
+    v.release(h);
+    check_cu(a, "cuMemSetAccess");
+  }
+  r.mapped[g] = h;
+  return true;
 }
 
 }  // namespace
 
+void reclaim() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  reap(true);
+}
+
 void* alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes);
-  if (e == cudaErrorMemoryAllocation) {
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {  // first the granules still retiring, then give up
     cudaGetLastError();
-    out_of_memory(bytes);
+    reclaim();
+    e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      out_of_memory(bytes);
+    }
   }
   TITAN_CUDA_CHECK(e);
   return p;
@@ -160,8 +240,10 @@ void free(void* p) {
     return;
   }
   Range& r = it->second;
-  cudaStreamSynchronize(stream());
+  cudaDeviceSynchronize();  // every stream: a collective may still use it
   const Vmm& v = vmm();
+  for (Retiring& t : g_retiring)
+    if (t.range == r.base) t.granules.clear();  // unmapped below; the event destroyed when reaped
   for (size_t g = 0; g < r.mapped.size(); ++g)
     if (r.mapped[g]) {
       v.unmap(r.base + g * r.granule, r.granule);
@@ -185,6 +267,7 @@ void* reserve(size_t bytes) {
   r.size = (bytes + r.granule - 1) / r.granule * r.granule;
   check_cu(v.reserve(&r.base, r.size, r.granule, 0, 0), "cuMemAddressReserve");
   r.mapped.assign(r.size / r.granule, 0);
+  r.retiring.assign(r.size / r.granule, 0);
   std::lock_guard<std::mutex> lock(g_mu);
   const CUdeviceptr base = r.base;
   g_ranges.emplace(base, std::move(r));
@@ -194,43 +277,35 @@ void* reserve(size_t bytes) {
 void commit(void* p, size_t bytes) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  Range& r = range_of(p);
-  const Vmm& v = vmm();
+  reap(false);
+  Range& r = range_of(p, bytes);
   const size_t lo = reinterpret_cast<CUdeviceptr>(p) - r.base;
   for (size_t g = lo / r.granule; g <= (lo + bytes - 1) / r.granule; ++g) {
-    if (r.mapped[g]) continue;
-    const CUdeviceptr at = r.base + g * r.granule;
-    CUmemGenericAllocationHandle h = 0;
-    const CUresult made = v.create(&h, r.granule, &r.prop, 0);
-    if (made == CUDA_ERROR_OUT_OF_MEMORY) out_of_memory(bytes);
-    check_cu(made, "cuMemCreate");
-    if (const CUresult m = v.map(at, r.granule, 0, h, 0); m != CUDA_SUCCESS) {
-      v.release(h);
-      check_cu(m, "cuMemMap");
+    if (r.mapped[g] && !r.retiring[g]) continue;
+    if (r.retiring[g]) {  // taken back before it was unmapped: zeroed after its last use
+      r.retiring[g] = 0;
+      for (Retiring& t : g_retiring)
+        if (t.range == r.base)
+          t.granules.erase(std::remove(t.granules.begin(), t.granules.end(), g), t.granules.end());
+    } else if (!map_granule(r, g)) {
+      reap(true);  // out of memory: first wait for what is retiring
+      if (!map_granule(r, g)) out_of_memory(bytes);
     }
-    CUmemAccessDesc access{};
-    access.location = r.prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (const CUresult a = v.set_access(at, r.granule, &access, 1); a != CUDA_SUCCESS) {
-      v.unmap(at, r.granule);
-      v.release(h);
-      check_cu(a, "cuMemSetAccess");
-    }
-    r.mapped[g] = h;
-    TITAN_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0, r.granule, stream()));
+    TITAN_CUDA_CHECK(
+        cudaMemsetAsync(reinterpret_cast<void*>(r.base + g * r.granule), 0, r.granule, stream()));
   }
 }
 
 void decommit(void* p, size_t bytes) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  Range& r = range_of(p);
+  Range& r = range_of(p, bytes);
   const size_t lo = reinterpret_cast<CUdeviceptr>(p) - r.base, hi = lo + bytes, G = r.granule;
   // Zero what stays mapped: the parts of the first and last granules the range covers only in
   // part (or the whole range inside one granule).
   const size_t a = (lo + G - 1) / G * G, z = hi / G * G;
   auto zero = [&](size_t from, size_t to) {
-    if (from < to && r.mapped[from / G])
+    if (from < to && r.mapped[from / G] && !r.retiring[from / G])
       TITAN_CUDA_CHECK(
           cudaMemsetAsync(reinterpret_cast<void*>(r.base + from), 0, to - from, stream()));
   };
@@ -241,13 +316,21 @@ void decommit(void* p, size_t bytes) {
   }
   zero(lo, a);
   zero(z, hi);
-  bool waited = false;
-  for (size_t g = a / G; g < z / G; ++g) {
-    if (!r.mapped[g]) continue;
-    if (!waited) TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));  // kernels may still read it
-    waited = true;
-    unmap(r, g);
+  // The whole granules retire: unmapped once the kernels queued so far (which may still use
+  // them) have run, without waiting for them here.
+  Retiring t;
+  t.range = r.base;
+  for (size_t g = a / G; g < z / G; ++g)
+    if (r.mapped[g] && !r.retiring[g]) t.granules.push_back(g);
+  if (t.granules.empty()) return;
+  TITAN_CUDA_CHECK(cudaEventCreateWithFlags(&t.done, cudaEventDisableTiming));
+  if (const cudaError_t e = cudaEventRecord(t.done, stream()); e != cudaSuccess) {
+    cudaEventDestroy(t.done);
+    TITAN_CUDA_CHECK(e);
   }
+  for (size_t g : t.granules) r.retiring[g] = 1;
+  g_retiring.push_back(std::move(t));
+  reap(false);
 }
 
 void memory_info(int64_t* total, int64_t* used) {

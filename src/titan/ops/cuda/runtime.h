@@ -35,14 +35,25 @@ constexpr int64_t kNoException = INT64_MIN;
 int64_t first_outside(const int32_t* v, int64_t n, int64_t lo, int64_t hi, int64_t allowed,
                       int32_t* value);
 
+// Waits for the granules that reserved ranges gave back and unmaps them (runtime.cu: their unmap
+// is deferred until the kernels before have run): what an allocation that failed for want of
+// memory tries before giving up.
+void reclaim();
+
 // Device memory for one op's temporaries, freed in stream order when it goes out of scope.
 template <typename T>
 class Temp {
  public:
   explicit Temp(int64_t n) {
-    if (n > 0)
-      TITAN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_),
-                                       static_cast<size_t>(n) * sizeof(T), stream()));
+    if (n <= 0) return;
+    const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream());
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      reclaim();
+      e = cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream());
+    }
+    check_cuda(e, "cudaMallocAsync (an op's temporary)");
   }
   ~Temp() {
     if (p_) cudaFreeAsync(p_, stream());
