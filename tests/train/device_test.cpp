@@ -41,6 +41,7 @@
 #include "titan/plugin/registry.h"
 #include "titan/train/check_kernel.h"
 #include "titan/train/evaluate.h"
+#include "titan/train/memory_plan.h"
 #include "titan/train/trainer.h"
 
 namespace titan::train {
@@ -458,6 +459,33 @@ std::pair<std::unique_ptr<models::Model>, std::unique_ptr<models::Model>> cpu_an
   auto cpu = models::build_model(c, o);
   o.device = "hostdev";
   return {std::move(cpu), models::build_model(c, o)};
+}
+
+// The memory plan of FSDP on a device: the gathered units alone where the device gives memory
+// back a granule at a time (hostdev, like a GPU), the whole weights and gradients where it
+// cannot (hostwhole); the initial weights' whole copy is the host's, not the device's.
+TEST(DeviceTraining, FsdpPlanCountsWhatTheDeviceGivesBack) {
+  register_hostdev();
+  register_device("hostwhole", false);
+  auto has = [](const MemoryPlan& p, const std::string& what) {
+    for (const auto& l : p.lines)
+      if (l.what.find(what) != std::string::npos) return true;
+    return false;
+  };
+  for (const std::string device : {"cpu", "hostdev", "hostwhole"}) {
+    config::JobConfig c = job(device, true, true);
+    c.parallelism.data_parallel_shard_degree = 4;
+    c.checkpoint.initial_load_path = "/nonexistent/step-1";  // native weights: read whole first
+    const MemoryPlan p = plan_memory(c);
+    EXPECT_EQ(has(p, "gathered: head group + 2 largest units"), device != "hostwhole")
+        << device << "\n"
+        << p.format();
+    EXPECT_EQ(has(p, "gathered into: whole weights and gradients"), device == "hostwhole")
+        << device << "\n"
+        << p.format();
+    EXPECT_EQ(has(p, "initial weights: whole before sharding"), device == "cpu") << device << "\n"
+                                                                                 << p.format();
+  }
 }
 
 TEST(DeviceModel, HostCopyOfTheWeightsFollowsBothSides) {
