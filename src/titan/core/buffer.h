@@ -72,11 +72,11 @@ class Storage {
     resize(nbytes);
   }
   // The same, but on a device with reserve (core/device.h) only the address range (throwing what
-  // the device's reserve throws when there is none left): nothing is
-  // behind it until commit() (above) puts memory behind a part before it is written; what is
-  // committed stays until zero_and_release gives it back (FSDP's flat buffers on a GPU). On the
-  // host (whose large allocations take memory only once written anyway) and on devices without
-  // reserve: resize(nbytes, mem).
+  // the device's reserve throws when there is none left): nothing is behind it until commit()
+  // (above) puts memory behind a part before it is written; what is committed stays until
+  // zero_and_release gives it back (FSDP's flat buffers on a GPU). On the host (whose large
+  // allocations take memory only once written anyway) and on devices without reserve:
+  // resize(nbytes, mem).
   void reserve(size_t nbytes, const DeviceMemory& mem);
   static constexpr size_t kMapBytes = size_t{1} << 20;
   // Zeroes the first nbytes() bytes (not the padding); a reserved range is given back whole.
