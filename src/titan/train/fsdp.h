@@ -12,7 +12,7 @@
 //                  then starts the gather of the unit the pass uses next (FSDP2's forward and
 //                  backward prefetch: u+1 in the forward, the last layer at the head when a
 //                  backward follows, u−1 in the backward), which runs in the background
-//                  (dist::Communicator's lane) while u computes;
+//                  (dist::Communicator's lane; an NCCL group's own stream) while u computes;
 //   release(u)     reshards it (zeros, memory given back: Model::give_back) after the backward
 //                  always, after the forward per fsdp_reshard_after_forward: "default" and
 //                  "always" for the decoder layers and an untied embedding; the head ([norm,
