@@ -11,7 +11,8 @@
 // the memory back), so fetches and sends move the held ranges only.
 #pragma once
 #include <cstdint>
-#include <map>
+#include <utility>
+#include <vector>
 
 #include "titan/core/buffer.h"
 
@@ -66,7 +67,7 @@ class DeviceParams {
     const size_t bytes = sizeof(float) * static_cast<size_t>(len);
     zero_and_release(dev_.storage(), dev_.data() + begin, bytes);
     if (on_device()) zero_and_release(host_.data() + begin, len);
-    held_.erase(begin);
+    drop(begin);
   }
   // Off the CPU, on a sharded buffer: [begin, begin + len) fetched into the host copy, which keeps
   // it until give_back(), and the device's memory behind it given back (a read of the whole
@@ -75,17 +76,27 @@ class DeviceParams {
     if (len <= 0 || !dev_.storage().reserved()) return;
     copy(host_.data() + begin, dev_.data() + begin, len);
     zero_and_release(dev_.storage(), dev_.data() + begin, sizeof(float) * static_cast<size_t>(len));
-    held_.erase(begin);
+    drop(begin);
   }
   // Memory behind [begin, begin + len) again (reading zero where it was given back) before it is
   // written; on a sharded device buffer, a range fetches and sends move from now on.
   void hold(int64_t begin, int64_t len) {
     if (len <= 0 || !dev_.storage().reserved()) return;
     commit(dev_.storage(), dev_.data() + begin, sizeof(float) * static_cast<size_t>(len));
-    held_[begin] = len;
+    for (const auto& h : held_)
+      if (h.first == begin) return;
+    held_.emplace_back(begin, len);
   }
 
  private:
+  void drop(int64_t begin) {
+    for (size_t i = 0; i < held_.size(); ++i)
+      if (held_[i].first == begin) {
+        held_[i] = held_.back();
+        held_.pop_back();
+        return;
+      }
+  }
   void copy(float* dst, const float* src, int64_t n) const {
     dev_.memory().copy(dst, src, sizeof(float) * static_cast<size_t>(n));
   }
@@ -100,7 +111,9 @@ class DeviceParams {
   }
   Buffer<float> dev_;
   mutable Buffer<float> host_;
-  std::map<int64_t, int64_t> held_;  // begin -> len, of a reserved dev_
+  // (begin, len) of a reserved dev_, a few at a time: a vector, so that after the first steps
+  // holding and giving back allocate nothing.
+  std::vector<std::pair<int64_t, int64_t>> held_;
   mutable bool host_stale_ = false;  // the device's values changed since the host copy was made
   bool device_stale_ = false;        // the host copy was written since it was sent
 };

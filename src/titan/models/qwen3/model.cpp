@@ -221,15 +221,10 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
   // Sharded: on a device with reserve, the flat buffers are address ranges whose units take
   // memory only while gathered (core/buffer.h Storage::reserve; the host's take it when written).
+  auto flat = [&](auto& buf, int64_t n) { sharded ? buf.reserve(n, mem_) : buf.resize(n, mem_); };
   params_buf_.resize(num_params_, mem_, sharded);
-  if (trainable_ && sharded)
-    grads_buf_.reserve(num_params_, mem_);
-  else if (trainable_)
-    grads_buf_.resize(num_params_, mem_);
-  if (bf16_ && sharded)
-    wb_.reserve(num_params_ - wb_base_, mem_);
-  else if (bf16_)
-    wb_.resize(num_params_ - wb_base_, mem_);
+  if (trainable_) flat(grads_buf_, num_params_);
+  if (bf16_) flat(wb_, num_params_ - wb_base_);
   if (dev_) {
     batch_dev_.resize(3 * max_tokens_, mem_);
     if (n_moe > 0) {

@@ -152,7 +152,8 @@ void reap(bool all) {
   if (all) TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
   // First the groups whose event passed are taken out of the list, then unmapped: an error
   // part-way leaves granules mapped, never unmapped twice.
-  std::vector<Retiring> ready;
+  static std::vector<Retiring> ready;  // under g_mu; kept, so reaping allocates nothing
+  ready.clear();
   cudaError_t bad = cudaSuccess;
   size_t kept = 0;
   for (size_t i = 0; i < g_retiring.size(); ++i) {
