@@ -77,6 +77,7 @@ std::vector<std::string> Backend::missing() const {
   need(attention_fwd, "attention_fwd");
   need(attention_bwd, "attention_bwd");
   need(attention_cached, "attention_cached");
+  need(attention_workspace, "attention_workspace");
   need(lm_head_ce, "lm_head_ce");
   need(lm_head_ce_vocab_parallel, "lm_head_ce_vocab_parallel");
   need(router_fwd, "router_fwd");

@@ -5,7 +5,7 @@
 // the op headers (attention.h, elementwise.h, gemm.h, loss.h, router.h), which state its maths
 // and shapes; the CPU backend (ops/cpu/backend.cpp) points at those functions themselves.
 //
-// Not in the table: the workspace-size helpers (attention_workspace, rmsnorm_bwd_scratch,
+// Not in the table: the workspace-size helpers every backend shares (rmsnorm_bwd_scratch,
 // lm_head_ce_scratch, the experts op's saved/scratch sizes), which describe shapes rather than
 // run device code, and the registered ops a module tree picks per layer (RoPE, grouped experts;
 // plugin/registry.h).
@@ -72,7 +72,10 @@ struct Backend {
   decltype(&ops::attention_fwd) attention_fwd = nullptr;
   decltype(&ops::attention_bwd) attention_bwd = nullptr;
   decltype(&ops::attention_cached) attention_cached = nullptr;  // generation (fp32)
-  decltype(&ops::lm_head_ce) lm_head_ce = nullptr;              // loss.h
+  // Floats of workspace attention_fwd/bwd take (each backend its own: the CPU's tiles per
+  // thread and bf16 copies; none on the GPU).
+  decltype(&ops::attention_workspace) attention_workspace = nullptr;
+  decltype(&ops::lm_head_ce) lm_head_ce = nullptr;                                // loss.h
   decltype(&ops::lm_head_ce_vocab_parallel) lm_head_ce_vocab_parallel = nullptr;  // (fp32, bf16)
   decltype(&ops::router_fwd) router_fwd = nullptr;                                // router.h
   decltype(&ops::router_bwd) router_bwd = nullptr;

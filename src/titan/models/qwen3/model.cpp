@@ -372,8 +372,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
   add("grad.attention_out", -1, false, {T, Q}, &do_);
   add("grad.w13", -1, false, {T, 2 * F}, &dab_);
   add("grad.hidden", -1, false, {T, F}, &dg_);
-  add("attention.scratch", -1, false,
-      {bf16_ ? ops::attention_bf16_workspace(as) : ops::attention_workspace(as)}, &attn_scratch_);
+  add("attention.scratch", -1, false, {be_.attention_workspace(as)}, &attn_scratch_);
   add("rmsnorm.scratch", -1, false,
       {std::max(ops::rmsnorm_bwd_scratch({T, 1, D, D, D}),
                 ops::rmsnorm_bwd_scratch({T, Hq, d, QKV, Q}))},

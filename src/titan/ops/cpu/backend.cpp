@@ -56,6 +56,7 @@ Backend cpu_backend() {
   b.attention_fwd = ops::attention_fwd;
   b.attention_bwd = ops::attention_bwd;
   b.attention_cached = ops::attention_cached;
+  b.attention_workspace = ops::attention_workspace;
   b.lm_head_ce = ops::lm_head_ce;
   b.lm_head_ce_vocab_parallel = ops::lm_head_ce_vocab_parallel;
   b.router_fwd = ops::router_fwd;
@@ -77,6 +78,7 @@ Backend cpu_bf16_backend() {
   b.lm_head_ce_bf16 = ops::lm_head_ce_bf16;
   b.attention_fwd = ops::attention_fwd_bf16;  // bf16 products, fp32 softmax
   b.attention_bwd = ops::attention_bwd_bf16;
+  b.attention_workspace = ops::attention_bf16_workspace;
   return b;
 }
 

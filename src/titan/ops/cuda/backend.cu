@@ -41,6 +41,7 @@ Backend backend(bool bf16) {
   b.attention_fwd = bf16 ? &cuda::attention_fwd_bf16 : &cuda::attention_fwd;
   b.attention_bwd = bf16 ? &cuda::attention_bwd_bf16 : &cuda::attention_bwd;
   b.attention_cached = &cuda::attention_cached;
+  b.attention_workspace = [](const AttnShape&) -> int64_t { return 0; };  // scratch of their own
   b.lm_head_ce = &cuda::lm_head_ce;
   b.lm_head_ce_vocab_parallel = &cuda::lm_head_ce_vocab_parallel;
   b.router_fwd = &cuda::router_fwd;
