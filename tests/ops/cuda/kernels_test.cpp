@@ -5,7 +5,7 @@
 // program, which must build where only the CUDA toolkit is). Tolerances, as max |gpu − reference| /
 // max |reference| unless said:
 //   exact (0): reserved memory (zeros where given back, values kept elsewhere),
-//     embedding fwd/bwd, rope, add, scale, copy_rows, sum_rows, dropout (the same
+//     embedding fwd/bwd, rope (and its table), add, scale, copy_rows, sum_rows, dropout (the same
 //     counter-based masks), to_bf16, from_bf16, clip, rmsnorm_bwd's dw (same products, same
 //     summation order, no FMA contraction on either side);
 //   2e-6: rmsnorm_fwd y, rstd and rmsnorm_bwd dx (the sum of squares reduced in another order);
@@ -14,6 +14,7 @@
 //   1e-12: sum_squares (double sums in another order);
 //   1e-5: attention fwd/bwd (o, dq, dk, dv; lse absolute), tiles of 32 with an online softmax and
 //     CUDA's expf against the CPU's tiles and polynomial exp: the sums run in other orders;
+//     attention_cached the same (an online softmax against the CPU's two passes);
 //   3e-2: the bf16 attention against the fp32 CPU attention (q, k, v, dout, P and dS rounded to
 //     bf16: 2^-9 relative each, over sums of up to S terms);
 //   1e-5: lm_head_ce's loss, dh and dw against a double-precision reference (fp32 logits);
@@ -178,6 +179,14 @@ void test_rope_swiglu_add() {
   ops::rope_bwd(x.data(), T, H, d, ldx, pos.data(), cs.data());
   cu::rope_bwd(d_x.p, T, H, d, ldx, d_pos.p, d_cs.p);
   report("rope_bwd", rel_diff(d_x.host(), x), 0);
+  // The table at Qwen3's size (θ 1e6, head_dim 128, 40960 positions), where an ulp of the inverse
+  // frequency grows into the angle's thousandths: the same bits as the CPU's.
+  const int64_t big_pos = 40960, big_d = 128;
+  std::vector<float> big(big_pos * big_d);
+  ops::rope_table(big_pos, big_d, 1e6, big.data());
+  Dev<float> d_big(big.size());
+  cu::rope_table(big_pos, big_d, 1e6, d_big.p);
+  report("rope_table (40960 positions, d 128)", rel_diff(d_big.host(), big), 0);
 
   const int64_t S = 31, F = 97;
   const auto ab = randn(S * 2 * F, 3.0f), dg = randn(S * F);
@@ -318,10 +327,12 @@ void test_attention() {
     bool block_causal;
   };
   // head_dim 64 and 128: the bf16 attention on tensor cores (tiles of 64: 77, 130 and 200 tokens
-  // leave partial tiles, block-causal segments cross them); 16 and 256: on CUDA cores.
+  // leave partial tiles, block-causal segments cross them; 50 is one partial tile, 128 two whole
+  // ones); 16 and 256: on CUDA cores.
   for (const Case c :
        {Case{2, 77, 4, 2, 64, true}, Case{1, 130, 8, 1, 128, false}, Case{1, 200, 4, 2, 128, true},
-        Case{1, 33, 2, 2, 16, true}, Case{1, 40, 2, 1, 256, false}}) {
+        Case{1, 50, 4, 4, 64, true}, Case{2, 128, 4, 1, 128, true}, Case{1, 33, 2, 2, 16, true},
+        Case{1, 40, 2, 1, 256, false}}) {
     char at[96];
     std::snprintf(at, sizeof at, " B%lld S%lld Hq%lld Hkv%lld d%lld%s", static_cast<long long>(c.B),
                   static_cast<long long>(c.S), static_cast<long long>(c.Hq),
@@ -371,6 +382,32 @@ void test_attention() {
       report(name + " dv", rel_diff(cols(got, T, ld, Q + KV, KV), cols(dqkv, T, ld, Q + KV, KV)),
              tol);
     }
+  }
+}
+
+// Generation's attention against a cache: 5 new tokens of two sequences (cached 300 and 150
+// rows; the tokens see 298, 299, 300, then 1 and 150 keys: chunks of 128 keys, a partial one and
+// a single key), GQA 4:1, head_dim 64 and 128. The online softmax sums in another order than the
+// CPU's two passes: 1e-5.
+void test_attention_cached() {
+  const int64_t T = 5, Hq = 8, Hkv = 2;
+  const std::vector<int32_t> n_keys = {298, 299, 300, 1, 150};
+  for (const int64_t d : {int64_t{64}, int64_t{128}}) {
+    const int64_t ldq = Hq * d + 5, ldkv = Hkv * d;
+    const auto q = randn(T * ldq), k0 = randn(300 * ldkv), v0 = randn(300 * ldkv),
+               k1 = randn(150 * ldkv), v1 = randn(150 * ldkv);
+    std::vector<float> o(T * Hq * d);
+    std::vector<const float*> kp = {k0.data(), k0.data(), k0.data(), k1.data(), k1.data()};
+    std::vector<const float*> vp = {v0.data(), v0.data(), v0.data(), v1.data(), v1.data()};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    ops::attention_cached(q.data(), ldq, kp.data(), vp.data(), n_keys.data(), ldkv, T, Hq, Hkv, d,
+                          scale, o.data());
+    Dev<float> d_q(q), d_k0(k0), d_v0(v0), d_k1(k1), d_v1(v1), d_o(o.size());
+    Dev<int32_t> d_n(n_keys);
+    Dev<const float*> d_kp(std::vector<const float*>{d_k0.p, d_k0.p, d_k0.p, d_k1.p, d_k1.p});
+    Dev<const float*> d_vp(std::vector<const float*>{d_v0.p, d_v0.p, d_v0.p, d_v1.p, d_v1.p});
+    cu::attention_cached(d_q.p, ldq, d_kp.p, d_vp.p, d_n.p, ldkv, T, Hq, Hkv, d, scale, d_o.p);
+    report("attention_cached d" + std::to_string(d), rel_diff(d_o.host(), o), 1e-5);
   }
 }
 
@@ -511,18 +548,21 @@ void test_router() {
 }
 
 // T = 50 sorts 100 pairs in one chunk of the routing kernel, T = 300 in three (ranks carried
-// across chunks); an expert index outside [0, E) is refused naming its token and slot.
-void test_experts(int64_t tokens) {
-  const ops::ExpertsShape sh{tokens, 24, 20, 8, 2};
+// across chunks); K = 1 is expert parallelism's local op; an expert index outside [0, E) is
+// refused naming its token and slot.
+void test_experts(int64_t tokens, int64_t top_k) {
+  const ops::ExpertsShape sh{tokens, 24, 20, 8, top_k};
   const int64_t T = sh.T, D = sh.D, F = sh.F, E = sh.E, K = sh.K;
   const auto x = randn(T * D), w1 = randn(E * F * D, 0.2f), w3 = randn(E * F * D, 0.2f),
              w2 = randn(E * D * F, 0.2f), dy = randn(T * D), rw = randn(T * K, 0.5f);
   std::vector<int32_t> idx(T * K);
-  for (int64_t t = 0; t < T; ++t)  // two different experts of 0..6: expert 7 gets no token
+  for (int64_t t = 0; t < T; ++t)  // K different experts of 0..6: expert 7 gets no token
     for (int64_t j = 0; j < K; ++j) idx[t * K + j] = static_cast<int32_t>((t * 3 + j * 5) % 7);
-  // The reference in double.
-  std::vector<double> y(T * D, 0), dx(T * D, 0), dw(T * K, 0), dw1(E * F * D, 0), dw3(E * F * D, 0),
-      dw2(E * D * F, 0);
+  // The weight gradients accumulate (+=) onto what is there. The reference in double.
+  const auto dw1_0 = randn(E * F * D, 0.1f), dw3_0 = randn(E * F * D, 0.1f),
+             dw2_0 = randn(E * D * F, 0.1f);
+  std::vector<double> y(T * D, 0), dx(T * D, 0), dw(T * K, 0), dw1(dw1_0.begin(), dw1_0.end()),
+      dw3(dw3_0.begin(), dw3_0.end()), dw2(dw2_0.begin(), dw2_0.end());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < K; ++j) {
       const int64_t e = idx[t * K + j];
@@ -564,12 +604,12 @@ void test_experts(int64_t tokens) {
   ops::to_bf16(w2.data(), E * D * F, w2h.data());
   for (const bool bf16 : {false, true}) {
     const ops::GroupedExpertsOp op = cu::grouped_experts_op(bf16);
-    const std::string name =
-        std::string("grouped_experts") + (bf16 ? " bf16" : "") + " T=" + std::to_string(T);
+    const std::string name = std::string("grouped_experts") + (bf16 ? " bf16" : "") +
+                             " T=" + std::to_string(T) + " K=" + std::to_string(K);
     const double tol = bf16 ? 2e-2 : 1e-5;
     Dev<float> d_x(x), d_w1(w1), d_w3(w3), d_w2(w2), d_dy(dy), d_rw(rw), d_y(T * D), d_dx(T * D),
-        d_dw(T * K), d_dw1(w1.size()), d_dw3(w3.size()), d_dw2(w2.size()),
-        d_saved(op.saved_floats(sh)), d_scratch(op.scratch_floats(sh));
+        d_dw(T * K), d_dw1(dw1_0), d_dw3(dw3_0), d_dw2(dw2_0), d_saved(op.saved_floats(sh)),
+        d_scratch(op.scratch_floats(sh));
     Dev<uint16_t> d_w1h(w1h), d_w3h(w3h), d_w2h(w2h);
     Dev<int32_t> d_idx(idx);
     ops::ExpertsArgs a;
@@ -602,6 +642,14 @@ void test_experts(int64_t tokens) {
     report(name + " dw1", rel_diff(d_dw1.host(), f32(dw1)), tol);
     report(name + " dw3", rel_diff(d_dw3.host(), f32(dw3)), tol);
     report(name + " dw2", rel_diff(d_dw2.host(), f32(dw2)), tol);
+    // Frozen experts (no weight gradients asked): dx and dw the same.
+    g.dw1 = g.dw3 = g.dw2 = nullptr;
+    Dev<float> d_dx2(T * D), d_dw_2(T * K);
+    g.dx = d_dx2.p;
+    g.dw = d_dw_2.p;
+    op.backward(a, g);
+    report(name + " frozen: dx", rel_diff(d_dx2.host(), f32(dx)), tol);
+    report(name + " frozen: dw (routing weights)", rel_diff(d_dw_2.host(), f32(dw)), tol);
     std::vector<int32_t> bad_idx = idx;
     bad_idx[2 * K - 1] = static_cast<int32_t>(E);  // token 1, slot K-1
     Dev<int32_t> d_bad(bad_idx);
@@ -613,7 +661,9 @@ void test_experts(int64_t tokens) {
       msg = e.what();
     }
     report(name + " refuses an expert index outside [0, E)",
-           msg.find("expert index 8 of token 1 slot 1 is outside [0, 8)") == std::string::npos, 0);
+           msg.find("expert index 8 of token 1 slot " + std::to_string(K - 1) +
+                    " is outside [0, 8)") == std::string::npos,
+           0);
   }
 }
 
@@ -778,10 +828,12 @@ int main(int argc, char** argv) {
     test_rmsnorm();
     test_rope_swiglu_add();
     test_attention();
+    test_attention_cached();
     test_lm_head_ce();
     test_router();
-    test_experts(50);
-    test_experts(300);
+    test_experts(50, 2);
+    test_experts(300, 2);
+    test_experts(37, 1);
     test_gemm();
     test_linear();
     test_optim();

@@ -159,17 +159,7 @@ void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float
 }
 
 void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {
-  const int64_t half = d / 2;
-  // As HF computes it in fp32: inv_freq = 1 / theta^(2i/d), freqs = float(pos) * inv_freq.
-  for (int64_t i = 0; i < half; ++i) {
-    float expo = static_cast<float>(2 * i) / static_cast<float>(d);
-    float inv = 1.0f / std::pow(static_cast<float>(theta), expo);
-    for (int64_t p = 0; p < max_pos; ++p) {
-      float f = static_cast<float>(p) * inv;
-      cos_sin[p * d + i] = static_cast<float>(std::cos(static_cast<double>(f)));
-      cos_sin[p * d + half + i] = static_cast<float>(std::sin(static_cast<double>(f)));
-    }
-  }
+  rope_table_host(max_pos, d, theta, cos_sin);
 }
 
 int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit) {

@@ -9,11 +9,13 @@
 // rowsum(dout ⊙ o), then dq over query tiles, then dk/dv over key tiles, each kv head's block
 // summing its query heads: no atomics, deterministic). The bf16 variants round q, k, v, dout, the
 // probabilities and dS to bf16 before each product (sums, softmax and lse in fp32), as the CPU's
-// attention_*_bf16 do. attention_cached (generation): one block per (token, head) over that
-// token's cached keys; k and v are device arrays of device pointers, n_keys a device array.
+// attention_*_bf16 do, but at other points: the CPU rounds the normalised probabilities and
+// dS·scale, these the tile's exp(s − running max) (normalised after the product) and dS before
+// the scale, so the two differ within a bf16 ulp of those products' inputs.
+// attention_cached (generation): one block per (token, head) over that token's cached keys
+// (online softmax); k and v are device arrays of device pointers, n_keys a device array.
 // d <= 256 (shared memory: up to 6·32·(d + 1) floats, 201 KiB at d 256).
 #include <cmath>
-#include <vector>
 
 #include "titan/ops/cuda/attention_tc.h"
 #include "titan/ops/cuda/cuda_ops.h"
@@ -222,6 +224,10 @@ __global__ void dkv_k(AttnShape s, const float* q, const float* k, const float* 
   for (int64_t e = threadIdx.x; e < kTile * ld; e += blockDim.x) dKs[e] = dVs[e] = 0.0f;
   for (int64_t h = g * rep; h < (g + 1) * rep; ++h)
     for (int64_t q0 = k0; q0 < s.S; q0 += kTile) {
+      // Segment starts only grow along a row: once a tile's first query starts its document
+      // after the last key, no later query sees these keys (the CPU's qt_end). The same value
+      // for every thread, so all leave the loop together.
+      if (seg[row0 + q0] > k0 + keys - 1) break;
       const int64_t rows = s.S - q0 < kTile ? s.S - q0 : kTile;
       __syncthreads();  // the previous tile's readers are done
       load_tile<BF16>(Qs, q, row0, q0, s.S, s.ldq, h * d, d);
@@ -281,34 +287,46 @@ __global__ void segments_k(const int32_t* positions, int64_t B, int64_t S, bool 
   }
 }
 
-// Allows a kernel the dynamic shared memory its tiles take (beyond the default 48 KiB).
-// One block per (token t, query head h): two passes over t's n keys (scores and their maximum,
-// then exp and the weighted sum of v), the scores in global scratch p[T·Hq, max_n].
+// One block per (token t, query head h), kCached threads: t's n keys in chunks of kCached, one
+// score per thread, with an online softmax (the running maximum m and sum l rescaled by
+// exp(m_old − m_new) per chunk, as fwd_k) and the weighted sum of v in registers (columns c and
+// c + kCached of head_dim ≤ 2·kCached per thread). No scratch beyond one chunk's
+// probabilities, however long the cache.
+constexpr int kCached = 128;
 __global__ void cached_k(const float* q, int64_t ldq, const float* const* k, const float* const* v,
                          const int32_t* n_keys, int64_t ldkv, int64_t Hq, int64_t Hkv, int64_t d,
-                         float scale, float* o, float* p, int64_t max_n) {
+                         float scale, float* o) {
+  __shared__ float pc[kCached];
   const int64_t th = blockIdx.x, t = th / Hq, h = th % Hq, g = h / (Hq / Hkv), n = n_keys[t];
   const float* qi = q + t * ldq + h * d;
   const float* kt = k[t] + g * d;
   const float* vt = v[t] + g * d;
-  float* pt = p + th * max_n;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    pt[j] = dot(qi, kt + j * ldkv, d) * scale;
-    mx = fmaxf(mx, pt[j]);
+  float m = -INFINITY, l = 0.0f, acc[2] = {0.0f, 0.0f};
+  for (int64_t j0 = 0; j0 < n; j0 += kCached) {  // the same trip count in every thread
+    const int64_t j = j0 + threadIdx.x, keys = n - j0 < kCached ? n - j0 : kCached;
+    const float sc = j < n ? dot(qi, kt + j * ldkv, d) * scale : -INFINITY;
+    const float m_new = fmaxf(m, block_max(sc));  // finite: the chunk has a key
+    const float e = j < n ? expf(sc - m_new) : 0.0f, alpha = expf(m - m_new);
+    pc[threadIdx.x] = e;
+    l = l * alpha + block_sum(e);  // block_sum's barrier also publishes pc
+    for (int r = 0; r < 2; ++r) {
+      const int64_t c = threadIdx.x + r * kCached;
+      if (c >= d) break;
+      float a = 0.0f;
+      for (int64_t jj = 0; jj < keys; ++jj) a += pc[jj] * vt[(j0 + jj) * ldkv + c];
+      acc[r] = acc[r] * alpha + a;
+    }
+    m = m_new;
+    __syncthreads();  // pc is rewritten by the next chunk
   }
-  mx = block_max(mx);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += (pt[j] = expf(pt[j] - mx));
-  sum = block_sum(sum);  // also orders the writes of pt before the reads below
-  const float inv = 1.0f / sum;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j) acc += pt[j] * inv * vt[j * ldkv + c];
-    o[t * Hq * d + h * d + c] = acc;
+  const float inv = 1.0f / l;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t c = threadIdx.x + r * kCached;
+    if (c < d) o[t * Hq * d + h * d + c] = acc[r] * inv;
   }
 }
 
+// Allows a kernel the dynamic shared memory its tiles take (beyond the default 48 KiB).
 template <typename K>
 void allow_shared(K kernel, size_t bytes) {
   TITAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -379,13 +397,9 @@ void attention_cached(const float* q, int64_t ldq, const float* const* k, const 
                       const int32_t* n_keys, int64_t ldkv, int64_t T, int64_t Hq, int64_t Hkv,
                       int64_t d, float scale, float* o) {
   if (T * Hq <= 0) return;
-  std::vector<int32_t> n(static_cast<size_t>(T));
-  copy(n.data(), n_keys, sizeof(int32_t) * n.size());
-  int64_t max_n = 1;
-  for (int32_t x : n) max_n = x > max_n ? x : max_n;
-  Temp<float> p(T * Hq * max_n);
-  cached_k<<<static_cast<unsigned>(T * Hq), 128, 0, stream()>>>(q, ldq, k, v, n_keys, ldkv, Hq, Hkv,
-                                                                d, scale, o, p.get(), max_n);
+  check_shape(AttnShape{1, 1, Hq, Hkv, d, scale, ldq, ldkv, ldkv}, "attention_cached");
+  cached_k<<<static_cast<unsigned>(T * Hq), kCached, 0, stream()>>>(q, ldq, k, v, n_keys, ldkv, Hq,
+                                                                    Hkv, d, scale, o);
   TITAN_CUDA_LAUNCHED("attention_cached");
 }
 

@@ -308,6 +308,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t h = g * rep; h < (g + 1) * rep; ++h)
     for (int64_t q0 = k0; q0 < s.S; q0 += kRows) {
+      if (seg[row0 + q0] > k0 + keys - 1) break;  // no later query sees these keys (attention.cu)
       const int64_t rows = s.S - q0 < kRows ? s.S - q0 : kRows;
       __syncthreads();  // every warp is done with the previous query tile
       load_query_side<D>(s, q, dout, lse, delta, seg, b, h, q0, rows, Qs, dOs, L, Dl, seg_q);

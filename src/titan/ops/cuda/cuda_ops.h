@@ -81,8 +81,7 @@ void rmsnorm_fwd(const NormRows& s, const float* x, const float* w, float eps, f
 // scratch: ops::rmsnorm_bwd_scratch(s) floats of device memory, as on the CPU.
 void rmsnorm_bwd(const NormRows& s, const float* dy, const float* x, const float* w,
                  const float* rstd, float* dx, float* dw, float* scratch);
-// cos_sin[max_pos, d] computed on the device with the CPU's formula (fp32 inverse frequencies,
-// cos and sin in double), so within an ulp of the CPU's table.
+// cos_sin[max_pos, d]: the CPU's table to the bit (rope_table_host, then copied to the device).
 void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin);
 // The first t with pos[t] outside [0, limit), or −1 (read back to the host).
 int64_t first_bad_position(const int32_t* pos, int64_t n, int64_t limit);

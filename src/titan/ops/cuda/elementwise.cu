@@ -6,7 +6,8 @@
 //   rmsnorm_fwd    y = w ⊙ x·rstd, rstd = 1/sqrt(mean(x²) + eps)     per row of N (T·H rows)
 //   rmsnorm_bwd    dx = rstd·(dy⊙w − x̂·mean(dy⊙w⊙x̂)); dw += Σ_rows dy⊙x̂ (backward of
 //                  rmsnorm_fwd; dw in 32 fixed row blocks, then the blocks in order, as the CPU)
-//   rope_table     cos_sin[max_pos, d] with the CPU's formula; first_bad_position read back
+//   rope_table     cos_sin[max_pos, d]: the CPU's table, built on the host and copied
+//   first_bad_position  read back
 //   rope_fwd/bwd   rotate halves (x1, x2) of each head by the position's (cos, sin); bwd by −sin
 //   swiglu_fwd     g[T,F] = silu(a)·b for ab[T, 2F] = [a | b];  swiglu_bwd its backward
 //   add, add_inplace, scale_inplace, copy_rows, sum_rows, dropout / dropout_add (core/rng.h's
@@ -15,6 +16,7 @@
 // Compiled with --fmad=false: each product and sum rounds as on the CPU (elementwise.cpp is
 // built with -ffp-contract=off), so only reductions (the norms' sums of squares) differ in order.
 #include <cub/device/device_radix_sort.cuh>
+#include <vector>
 
 #include "titan/core/rng.h"
 #include "titan/ops/cuda/cuda_ops.h"
@@ -219,19 +221,6 @@ __global__ void to_bf16_k(const float* x, int64_t n, uint16_t* y) {
   }
 }
 
-__global__ void rope_table_k(int64_t max_pos, int64_t d, double theta, float* cs) {
-  const int64_t half = d / 2;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < max_pos * half;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t p = e / half, i = e % half;
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(d);
-    const float inv = 1.0f / powf(static_cast<float>(theta), expo);
-    const float f = static_cast<float>(p) * inv;
-    cs[p * d + i] = static_cast<float>(cos(static_cast<double>(f)));
-    cs[p * d + half + i] = static_cast<float>(sin(static_cast<double>(f)));
-  }
-}
-
 unsigned grid(int64_t n) {
   const unsigned b = blocks_for(n, kThreads);
   return b > 65535u * 8u ? 65535u * 8u : b;
@@ -241,8 +230,9 @@ unsigned grid(int64_t n) {
 
 void rope_table(int64_t max_pos, int64_t d, double theta, float* cos_sin) {
   if (max_pos * d <= 0) return;
-  rope_table_k<<<grid(max_pos * d / 2), kThreads, 0, stream()>>>(max_pos, d, theta, cos_sin);
-  TITAN_CUDA_LAUNCHED("rope_table");
+  std::vector<float> table(static_cast<size_t>(max_pos * d));
+  rope_table_host(max_pos, d, theta, table.data());
+  copy(cos_sin, table.data(), table.size() * sizeof(float));
 }
 
 int64_t first_outside(const int32_t* v, int64_t n, int64_t lo, int64_t hi, int64_t allowed,

@@ -182,6 +182,12 @@ void check_shape(const ExpertsShape& s) {
             " E=" + std::to_string(s.E) + " K=" + std::to_string(s.K) + ")");
 }
 
+void check_args(const ExpertsArgs& a, bool bf16) {
+  check_shape(a.s);
+  check(!bf16 || (a.w1_bf16 && a.w3_bf16 && a.w2_bf16),
+        "grouped_experts (cuda, bfloat16) needs the bf16 weight copies (ExpertsArgs::w*_bf16)");
+}
+
 // The counting sort of the pairs by expert on the GPU into saved's off and pos; off (and the bad
 // pair's index) copied to the host.
 void route(const ExpertsShape& s, const int32_t* idx, Parts& p) {
@@ -231,7 +237,7 @@ Bf16 bf16_parts(const ExpertsShape& s, float* scratch) {
 
 void forward(const ExpertsArgs& a, float* y, bool bf16) {
   const ExpertsShape& s = a.s;
-  check_shape(s);
+  check_args(a, bf16);
   if (s.T == 0) return;
   const int64_t N = s.T * s.K, D = s.D, F = s.F;
   Parts p = parts(s, a.saved);
@@ -265,7 +271,7 @@ void forward(const ExpertsArgs& a, float* y, bool bf16) {
 
 void backward(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf16) {
   const ExpertsShape& s = a.s;
-  check_shape(s);
+  check_args(a, bf16);
   if (s.T == 0) return;
   const int64_t N = s.T * s.K, D = s.D, F = s.F;
   Parts p = parts(s, a.saved);

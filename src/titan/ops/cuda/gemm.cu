@@ -5,9 +5,12 @@
 // transposes kept. fp32: CUBLAS_COMPUTE_32F (fp32 products and sums, no TF32 rounding of the
 // inputs); bf16: bf16 A and B, fp32 C and accumulation, as the CPU's gemm_bf16.
 // One matmul descriptor, layouts and heuristic algorithm per distinct call shape and operand
-// alignment, cached; one 32 MiB workspace. (cuBLASLt's heuristic assumes 256-byte-aligned
-// operands unless told otherwise, and an expert's rows or a loss chunk start anywhere: each
-// call's pointer alignments, up to 256 bytes, are part of the plan's key and preferences.)
+// alignment, cached (at most kMaxPlans: an expert's token count changes every step, so a long MoE
+// run meets thousands of shapes; a full cache is emptied and refilled, and the heuristic picks
+// the same algorithm for a shape again); one 32 MiB workspace. (cuBLASLt's heuristic assumes
+// 256-byte-aligned operands unless told otherwise, and an expert's rows or a loss chunk start
+// anywhere: each call's pointer alignments, up to 256 bytes, are part of the plan's key and
+// preferences.)
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -30,6 +33,7 @@ void check_lt(cublasStatus_t s, const char* what) {
 #define TITAN_LT_CHECK(call) check_lt((call), #call)
 
 constexpr size_t kWorkspace = size_t{32} << 20;
+constexpr size_t kMaxPlans = 4096;
 
 // The largest power of two, at most 256, that divides p's address.
 uint32_t alignment(const void* p) {
@@ -60,6 +64,7 @@ class Lt {
     const auto key = std::make_tuple(bf16, ta, tb, m, n, k, lda, ldb, ldc, align);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
+    if (plans_.size() >= kMaxPlans) clear();
     Plan p;
     TITAN_LT_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -101,6 +106,16 @@ class Lt {
   Lt() {
     TITAN_LT_CHECK(cublasLtCreate(&handle_));
     TITAN_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+  }
+  // Destroys every plan (host-side descriptors: matmuls already queued keep what they read).
+  void clear() {
+    for (auto& [key, p] : plans_) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+    plans_.clear();
   }
   // Lives for the process (the driver may be gone at exit: nothing is destroyed).
   cublasLtHandle_t handle_ = nullptr;

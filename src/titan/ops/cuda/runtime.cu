@@ -144,12 +144,10 @@ Range& range_of(const void* p, size_t bytes) {
   return std::prev(it)->second;
 }
 
-// Unmaps the granules of the retiring groups whose event has passed (all of them, after waiting
-// for the stream, when `all`). A granule is in one group at most: a commit taking it back
-// removes it from its group.
-void reap(bool all) {
+// Unmaps the granules of the retiring groups whose event has passed. A granule is in one group
+// at most: a commit taking it back removes it from its group.
+void reap() {
   if (g_retiring.empty()) return;
-  if (all) TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
   // First the groups whose event passed are taken out of the list, then unmapped: an error
   // part-way leaves granules mapped, never unmapped twice.
   static std::vector<Retiring> ready;  // under g_mu; kept, so reaping allocates nothing
@@ -183,6 +181,19 @@ void reap(bool all) {
   TITAN_CUDA_CHECK(bad);
 }
 
+// What an allocation that found no memory tries first (g_mu held): waits for the stream, unmaps
+// every retiring granule, and hands the stream-ordered pool's free blocks (the ops' Temp
+// buffers, kept by the pool until a synchronization) back to the device.
+void reclaim_locked() {
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));  // every retiring group's event passes
+  reap();
+  int dev = 0;
+  cudaMemPool_t pool = nullptr;
+  TITAN_CUDA_CHECK(cudaGetDevice(&dev));
+  TITAN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  TITAN_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+}
+
 // Maps fresh memory behind granule g of r (out of memory: false).
 bool map_granule(Range& r, size_t g) {
   const Vmm& v = vmm();
@@ -211,7 +222,7 @@ bool map_granule(Range& r, size_t g) {
 
 void reclaim() {
   std::lock_guard<std::mutex> lock(g_mu);
-  reap(true);
+  reclaim_locked();
 }
 
 void* alloc(size_t bytes) {
@@ -278,7 +289,7 @@ void* reserve(size_t bytes) {
 void commit(void* p, size_t bytes) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  reap(false);
+  reap();
   Range& r = range_of(p, bytes);
   const size_t lo = reinterpret_cast<CUdeviceptr>(p) - r.base;
   for (size_t g = lo / r.granule; g <= (lo + bytes - 1) / r.granule; ++g) {
@@ -289,7 +300,7 @@ void commit(void* p, size_t bytes) {
         if (t.range == r.base)
           t.granules.erase(std::remove(t.granules.begin(), t.granules.end(), g), t.granules.end());
     } else if (!map_granule(r, g)) {
-      reap(true);  // out of memory: first wait for what is retiring
+      reclaim_locked();  // out of memory: first what is retiring and the pool's free blocks
       if (!map_granule(r, g)) out_of_memory(bytes);
     }
     TITAN_CUDA_CHECK(
@@ -331,7 +342,7 @@ void decommit(void* p, size_t bytes) {
   }
   for (size_t g : t.granules) r.retiring[g] = 1;
   g_retiring.push_back(std::move(t));
-  reap(false);
+  reap();
 }
 
 void memory_info(int64_t* total, int64_t* used) {

@@ -77,10 +77,11 @@ __device__ float block_reduce(float v) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
   if (lane == 0) warp_part[warp] = v;
   __syncthreads();
-  v = lane < warps ? warp_part[lane] : (Max ? -INFINITY : 0.0f);
-  if (warp == 0)
+  if (warp == 0) {  // only warp 0 reads the parts back: nothing reads warp_part[0] as it changes
+    v = lane < warps ? warp_part[lane] : (Max ? -INFINITY : 0.0f);
     for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x == 0) warp_part[0] = v;
+    if (lane == 0) warp_part[0] = v;
+  }
   __syncthreads();
   const float r = warp_part[0];
   __syncthreads();  // warp_part is reused by the next call
