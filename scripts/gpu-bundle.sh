@@ -4,8 +4,9 @@
 # H200): titan built here with CUDA (Release), the shared libraries it links that are not the
 # CUDA toolkit's or the driver's (oneDNN, OpenMPI, PCRE2, utf8proc, toml++, OpenMP, and this
 # machine's C and C++ runtime with its loader, so that the binary runs whatever glibc the GPU
-# machine has: gpu-check starts it through the bundled loader), and two token shards to train on
-# (wikitext-2's test split with the byte-level tokenizer and with Qwen3's, from the shared assets).
+# machine has: gpu-check starts it through the bundled loader), two token shards to train on
+# (wikitext-2's test split with the byte-level tokenizer and with Qwen3's, from the shared assets)
+# and the CPU's loss curves of the runs gpu-check compares with the GPU's.
 # Writes .gpu-bundle.tar.xz (ignored by git; the device tool's `carry` takes it along, under its
 # 64 MiB limit).
 # usage: scripts/gpu-bundle.sh [BUILD_DIR]   (default: build; configured and built if missing)
@@ -35,6 +36,9 @@ strip --strip-unneeded "$stage/titan" "$stage"/lib/*.so* 2>/dev/null || true
   --output "$stage/data/wikitext-test-byte.bin" >/dev/null
 "$build/titan" tokenize --tokenizer "$assets/tokenizers/qwen3" \
   --input "$assets/datasets/wikitext-2/test.jsonl" --output "$stage/data/wikitext-test-qwen3.bin" >/dev/null
+# The CPU's loss curves that the GPU runs are compared with, made here (minutes on 2 cores) so
+# that the GPU machine's time goes to the GPU.
+bash scripts/gpu-train-check.sh --refs "$stage" >/dev/null
 git describe --always --dirty > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
 tar -C "$stage" -cJf .gpu-bundle.tar.xz .
-echo "gpu-bundle: .gpu-bundle.tar.xz ($(du -h .gpu-bundle.tar.xz | cut -f1)): titan $(cat "$stage/commit"), $(ls "$stage/lib" | wc -l) libraries, 2 token shards"
+echo "gpu-bundle: .gpu-bundle.tar.xz ($(du -h .gpu-bundle.tar.xz | cut -f1)): titan $(cat "$stage/commit"), $(ls "$stage/lib" | wc -l) libraries, 2 token shards, the CPU's curves"

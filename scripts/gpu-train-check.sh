@@ -2,10 +2,14 @@
 # Part 2 of scripts/gpu-check.sh: titan's training step on the GPU, from .gpu-bundle.tar.xz
 # (scripts/gpu-bundle.sh), run through the bundled loader so that none of titan's dependencies
 # need installing. Appends to OUT_DIR/gpu-check-summary.txt; each run's log and metrics.jsonl go
-# to OUT_DIR/train-NAME.log and OUT_DIR/train-NAME.jsonl.
+# to WORK_DIR/logs/train-NAME.log and train-NAME.jsonl. The runs go in order of what they tell
+# (GPU against CPU first, the speed targets next), each only if it can end before
+# TITAN_GPU_CHECK_DEADLINE (epoch seconds, set by gpu-check.sh; default: 450 s from now); the
+# ones that cannot are listed as skipped.
 #
 # Checks (exit 1 when one fails; tolerances stated, and why):
-#   fp32   debugmodel, 20 steps, GPU against CPU: every step's loss within 1e-4 relative. Both
+#   fp32   debugmodel, 20 steps, GPU against CPU (the CPU's curves made with the bundle, on the
+#          CI machine; run here when the bundle has none): every step's loss within 1e-4 relative. Both
 #          are fp32 throughout; they differ only in the order of GEMM and attention sums
 #          (~1e-6 relative per op), which 20 small AdamW steps do not amplify past 1e-4.
 #   bf16   the same in bf16 mixed precision, 50 steps: within 2e-2 relative. bf16 rounds every
@@ -19,19 +23,37 @@
 # TITAN_GPU_CHECK_DRY=1 runs every GPU run on the CPU, shrunk (2 layers, dim 256, 4 steps,
 # seq 128; PyTorch on debugmodel), to check this script's mechanics on a machine without a GPU.
 # usage: scripts/gpu-train-check.sh OUT_DIR WORK_DIR
+#        scripts/gpu-train-check.sh --refs STAGE_DIR   (gpu-bundle.sh: the CPU's loss curves of
+#        the GPU-against-CPU runs, made with the staged titan into STAGE_DIR/ref)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=$1
-work=$2
+if [ "${1:-}" = --refs ]; then
+  b=$2
+  work=$(mktemp -d /tmp/titan-gpu-refs.XXXXXX)
+  trap 'rm -rf "$work"' EXIT
+  out=$work
+  deadline=$(( $(date +%s) + 3600 ))
+else
+  out=$1
+  work=$2
+  b="$work/bundle"
+  deadline=${TITAN_GPU_CHECK_DEADLINE:-$(( $(date +%s) + 450 ))}
+fi
+logs="$work/logs"
+mkdir -p "$out" "$logs"
 summary="$out/gpu-check-summary.txt"
 say() { echo "$*" | tee -a "$summary"; }
-if [ ! -f .gpu-bundle.tar.xz ]; then
-  say "training: skipped (no .gpu-bundle.tar.xz: run scripts/gpu-bundle.sh on the CI machine and carry it)"
-  exit 0
+if [ "${1:-}" != --refs ]; then
+  if [ ! -f .gpu-bundle.tar.xz ]; then
+    say "training: FAILED: no .gpu-bundle.tar.xz (make it with scripts/gpu-bundle.sh on the CI machine; the device tool's carry takes it along)"
+    exit 1
+  fi
+  mkdir -p "$b"
+  # Python's tarfile where tar cannot call xz.
+  tar -C "$b" -xJf .gpu-bundle.tar.xz 2>/dev/null ||
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .gpu-bundle.tar.xz "$b" ||
+    { say "training: FAILED to unpack .gpu-bundle.tar.xz"; exit 1; }
 fi
-b="$work/bundle"
-mkdir -p "$b"
-tar -C "$b" -xJf .gpu-bundle.tar.xz || { say "training: FAILED to unpack .gpu-bundle.tar.xz"; exit 1; }
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cuda_root=$(dirname "$(dirname "$nvcc")")
 libpath="$b/lib"
@@ -44,16 +66,16 @@ py_libs=$("${TITAN_TORCH_PYTHON:-python3}" -c \
   "import glob, site; print(':'.join(sorted(glob.glob(site.getsitepackages()[0] + '/nvidia/*/lib'))))" \
   2>/dev/null || true)
 [ -n "$py_libs" ] && libpath="$libpath:$py_libs"
-if ! "$b/lib/ld.so" --library-path "$libpath" --list "$b/titan" >"$out/ldd.txt" 2>&1 ||
-   grep -q "not found" "$out/ldd.txt"; then
-  say "training: FAILED: titan's libraries are not all here ($(grep 'not found' "$out/ldd.txt" | tr -s ' \t' ' ' | tr '\n' ';'))"
+if ! "$b/lib/ld.so" --library-path "$libpath" --list "$b/titan" >"$logs/ldd.txt" 2>&1 ||
+   grep -q "not found" "$logs/ldd.txt"; then
+  say "training: FAILED: titan's libraries are not all here ($(grep 'not found' "$logs/ldd.txt" | tr -s ' \t' ' ' | tr '\n' ';'))"
   exit 1
 fi
 
-say "training: titan $(cat "$b/commit") from the bundle"
 byte="--dataloader.dataset_path $b/data/wikitext-test-byte.bin"
 qwen="--dataloader.dataset_path $b/data/wikitext-test-qwen3.bin"
 failed=0
+skipped=()
 gpu=cuda
 dry=()
 dry_moe=""
@@ -64,25 +86,49 @@ if [ "${TITAN_GPU_CHECK_DRY:-0}" = 1 ]; then
   dry_moe="--model.moe_hidden_dim 128"
   say "  (dry run: every GPU run on the CPU, shrunk: ${dry[*]} $dry_moe)"
 fi
-# run NAME SECONDS ARGS...: one `titan train`, its log and metrics kept; 0 when it finished.
+# limited NAME SECONDS LEAST CMD...: CMD stopped after SECONDS, or at the deadline if that comes
+# first; not started (listed as skipped, return 2) when less than LEAST seconds are left, and
+# listed as cut short (return 2) when the deadline stopped it. Otherwise CMD's exit status.
+limited() {
+  local name=$1 secs=$2 least=$3
+  shift 3
+  local left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt "$least" ]; then
+    skipped+=("$name")
+    return 2
+  fi
+  local cut=0
+  [ "$left" -lt "$secs" ] && { secs=$left; cut=1; }
+  timeout "$secs" "$@"
+  local rc=$?
+  if [ $rc = 124 ] && [ $cut = 1 ]; then
+    skipped+=("$name (cut short)")
+    return 2
+  fi
+  return $rc
+}
+# run NAME SECONDS LEAST ARGS...: one `titan train` (limited as above), its log and metrics kept;
+# 0 when it finished, 2 when skipped for time; a failure is reported and counted.
 run() {
-  local name=$1 secs=$2
-  shift 2
+  local name=$1 secs=$2 least=$3
+  shift 3
   local dir="$work/runs/$name"
   rm -rf "$dir"
-  timeout "$secs" "$b/lib/ld.so" --library-path "$libpath" "$b/titan" train --dump_folder "$dir" \
-    --metrics.enable_jsonl true --checkpoint.enable false "$@" "${dry[@]}" >"$out/train-$name.log" 2>&1
+  limited "$name" "$secs" "$least" "$b/lib/ld.so" --library-path "$libpath" "$b/titan" train \
+    --dump_folder "$dir" --metrics.enable_jsonl true --checkpoint.enable false "$@" "${dry[@]}" \
+    >"$logs/train-$name.log" 2>&1
   local rc=$?
-  [ -f "$dir/metrics.jsonl" ] && cp "$dir/metrics.jsonl" "$out/train-$name.jsonl"
-  if [ $rc != 0 ]; then
+  [ -f "$dir/metrics.jsonl" ] && cp "$dir/metrics.jsonl" "$logs/train-$name.jsonl"
+  if [ $rc != 0 ] && [ $rc != 2 ]; then
     say "  $name: FAILED (exit $rc; last lines of train-$name.log:)"
-    tail -3 "$out/train-$name.log" | sed 's/^/    /' | tee -a "$summary"
+    tail -3 "$logs/train-$name.log" | sed 's/^/    /' | tee -a "$summary"
+    failed=1
   fi
   return $rc
 }
 # stats NAME: the last logged step's loss, tokens/s, MFU and memory.
 stats() {
-  python3 - "$out/train-$1.jsonl" <<'EOF'
+  python3 - "$logs/train-$1.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tps"' in l]
 r = rows[-1]
@@ -92,7 +138,7 @@ EOF
 }
 # compare NAME BOUND: GPU run NAME-cuda against NAME-cpu, step by step.
 compare() {
-  python3 - "$out/train-$1-cuda.jsonl" "$out/train-$1-cpu.jsonl" "$2" <<'EOF'
+  python3 - "$logs/train-$1-cuda.jsonl" "$logs/train-$1-cpu.jsonl" "$2" <<'EOF'
 import json, sys
 def curve(f):
     return {r["step"]: r["loss"] for r in map(json.loads, open(f)) if "tps" in r}
@@ -107,7 +153,7 @@ sys.exit(0 if rel <= bound else 1)
 EOF
 }
 falling() {
-  python3 - "$out/train-$1.jsonl" <<'EOF'
+  python3 - "$logs/train-$1.jsonl" <<'EOF'
 import json, sys
 l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if '"tps"' in x]
 ok = len(l) >= 4 and sum(l[-3:]) / 3 < l[0]
@@ -116,64 +162,66 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
-# GPU against CPU on debugmodel (the CPU run uses every core of this machine).
-cmp_args="--config qwen3_debugmodel $byte --training.seq_len 256 --training.local_batch_size 8 --debug.seed 1 --metrics.log_freq 1 --metrics.peak_flops 1e15"
+# cmp_args PREC: the arguments (p) and bound of the debugmodel run compared GPU against CPU.
+cmp_args() {
+  p="--config qwen3_debugmodel $byte --training.seq_len 256 --training.local_batch_size 8 --debug.seed 1 --metrics.log_freq 1 --metrics.peak_flops 1e15"
+  if [ "$1" = fp32 ]; then p="$p --training.mixed_precision_param float32 --training.steps 20"; bound=1e-4
+  else p="$p --training.mixed_precision_param bfloat16 --training.steps 50"; bound=2e-2; fi
+}
+if [ "${1:-}" = --refs ]; then
+  mkdir -p "$b/ref"
+  for prec in fp32 bf16; do
+    cmp_args $prec
+    run "$prec-cpu" 3600 0 $p --training.device cpu && cp "$logs/train-$prec-cpu.jsonl" "$b/ref/$prec-cpu.jsonl" || exit 1
+  done
+  exit 0
+fi
+say "training: titan $(cat "$b/commit") from the bundle"
+# GPU against CPU on debugmodel: the CPU's curves come with the bundle (made where it was made);
+# an older bundle without them, or a dry run, makes them here.
 for prec in fp32 bf16; do
-  if [ $prec = fp32 ]; then p="--training.mixed_precision_param float32 --training.steps 20"; bound=1e-4
-  else p="--training.mixed_precision_param bfloat16 --training.steps 50"; bound=2e-2; fi
-  if run "$prec-cuda" 120 $cmp_args $p --training.device $gpu && run "$prec-cpu" 240 $cmp_args $p --training.device cpu; then
-    line=$(compare "$prec" "$bound") || failed=1
-    say "  debugmodel $prec, GPU vs CPU: $line"
+  cmp_args $prec
+  run "$prec-cuda" 120 30 $p --training.device $gpu || continue
+  if [ -f "$b/ref/$prec-cpu.jsonl" ] && [ "$gpu" = cuda ]; then
+    cp "$b/ref/$prec-cpu.jsonl" "$logs/train-$prec-cpu.jsonl"
   else
-    failed=1
+    run "$prec-cpu" 240 60 $p --training.device cpu || continue
   fi
+  line=$(compare "$prec" "$bound") || failed=1
+  say "  debugmodel $prec, GPU vs CPU: $line"
 done
-# MoE: debugmodel_moe, and the seed's reduced 30B-A3B (4 layers, 64 experts, top-4, Qwen3's
-# vocabulary) in bf16.
-if run moe 120 --config qwen3_debugmodel_moe $byte --training.seq_len 1024 --training.local_batch_size 8 --training.steps 30 --metrics.log_freq 5 --training.device $gpu $dry_moe; then
-  f=$(falling moe) || failed=1
-  say "  debugmodel_moe bf16 ($gpu): $f; $(stats moe)"
-else
-  failed=1
-fi
-if run a3b 240 --config nki_qwen3_30b_a3b $qwen --training.seq_len 2048 --training.local_batch_size 2 --training.steps 12 --metrics.log_freq 2 --training.device $gpu $dry_moe; then
-  f=$(falling a3b) || failed=1
-  say "  30B-A3B reduced (4 layers, 64 experts, top-4) bf16 ($gpu): $f; $(stats a3b) (MFU of the active parameters)"
-else
-  failed=1
-fi
 # Qwen3-1.7B bf16 at seq 4096: MFU against the H200's dense bf16 peak and the GEMM probe.
-if run 1.7b 240 --config qwen3_1_7b $qwen --training.seq_len 4096 --training.local_batch_size 1 --training.steps 6 --metrics.log_freq 1 --training.device $gpu; then
+if run 1.7b 240 60 --config qwen3_1_7b $qwen --training.seq_len 4096 --training.local_batch_size 1 --training.steps 6 --metrics.log_freq 1 --training.device $gpu; then
   say "  Qwen3-1.7B bf16 seq 4096 ($gpu): $(stats 1.7b) (MFU against the GEMM probe's rate)"
-  python3 - "$out/train-1.7b.jsonl" <<'EOF' | tee -a "$summary"
+  python3 - "$logs/train-1.7b.jsonl" <<'PY' | tee -a "$summary"
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if '"tps"' in l][-1]
 print(f"    against the H200's 989.4 TFLOP/s dense bf16 peak: MFU {100 * r['tflops'] / 989.4:.2f}% (target 50%)")
-EOF
-else
-  failed=1
+PY
 fi
-# check-kernel on the device: the CUDA RoPE and grouped-experts ops against the CPU's.
-if timeout 180 "$b/lib/ld.so" --library-path "$libpath" "$b/titan" check-kernel --config qwen3_debugmodel_moe \
-     --training.device $gpu --training.seq_len 256 --training.local_batch_size 2 ${dry_moe} \
-     >"$out/check-kernel.log" 2>&1; then
-  say "  check-kernel --training.device $gpu (debugmodel_moe: RoPE, grouped experts fp32/bf16 vs the CPU): all within tolerance"
-else
-  say "  check-kernel --training.device $gpu: FAILED ($(grep -c 'check-kernel' "$out/check-kernel.log") lines in check-kernel.log; last: $(tail -1 "$out/check-kernel.log"))"
-  failed=1
-fi
-# PyTorch + Transformers on the same model and GPU (bf16 autocast, SDPA), eager and compiled;
-# titan's tokens/s on Qwen3-1.7B (above) as a ratio of theirs.
+# PyTorch + Transformers on the same model and GPU (bf16 autocast, SDPA); titan's tokens/s on
+# Qwen3-1.7B (above) as a ratio of theirs. Eager now, torch.compile last (it compiles for
+# minutes).
 torch_py=${TITAN_TORCH_PYTHON:-python3}
 torch_args=(--device cuda --preset 1.7B --seq 4096 --batch 1 --dtype bfloat16 --steps 4 --warmup 2)
 [ "$gpu" = cpu ] && torch_args=(--device cpu --preset debugmodel --seq 128 --batch 2 --dtype bfloat16 --steps 2 --warmup 1)
-if "$torch_py" -c "import torch, transformers; assert torch.cuda.is_available() or '$gpu' == 'cpu'" 2>/dev/null; then
-  for mode in eager compile; do
-    extra=()
-    [ $mode = compile ] && extra=(--compile)
-    if timeout 300 "$torch_py" tools/bench_torch.py "${torch_args[@]}" "${extra[@]}" \
-         >"$out/torch-$mode.json" 2>"$out/torch-$mode.log"; then
-      line=$(python3 - "$out/torch-$mode.json" "$out/train-1.7b.jsonl" <<'EOF'
+have_torch=0
+"$torch_py" -c "import torch, transformers; assert torch.cuda.is_available() or '$gpu' == 'cpu'" 2>/dev/null &&
+  have_torch=1
+[ $have_torch = 1 ] || say "  PyTorch: skipped ($torch_py has no torch with CUDA, or no transformers)"
+torch_run() {
+  local mode=$1 extra=()
+  [ $mode = compile ] && extra=(--compile)
+  limited "torch-$mode" 300 90 "$torch_py" tools/bench_torch.py "${torch_args[@]}" "${extra[@]}" \
+    >"$logs/torch-$mode.json" 2>"$logs/torch-$mode.log"
+  local rc=$?
+  [ $rc = 2 ] && return
+  if [ $rc != 0 ]; then
+    say "  PyTorch $mode: FAILED (torch-$mode.log: $(tail -1 "$logs/torch-$mode.log"))"
+    return
+  fi
+  local line
+  line=$(python3 - "$logs/torch-$mode.json" "$logs/train-1.7b.jsonl" <<'PY'
 import json, sys
 t = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 msg = (f"{t['tokens_per_s']:,.0f} tokens/s, {t['tflops']:.1f} TFLOP/s, GEMM roofline "
@@ -184,15 +232,32 @@ try:
 except (OSError, IndexError):
     pass
 print(msg)
-EOF
+PY
 )
-      say "  PyTorch $mode (${torch_args[*]}): $line"
-    else
-      say "  PyTorch $mode: FAILED (torch-$mode.log: $(tail -1 "$out/torch-$mode.log"))"
-    fi
-  done
-else
-  say "  PyTorch: skipped ($torch_py has no torch with CUDA, or no transformers)"
+  say "  PyTorch $mode (${torch_args[*]}): $line"
+}
+[ $have_torch = 1 ] && torch_run eager
+# MoE: debugmodel_moe, and the seed's reduced 30B-A3B (4 layers, 64 experts, top-4, Qwen3's
+# vocabulary) in bf16.
+if run moe 120 40 --config qwen3_debugmodel_moe $byte --training.seq_len 1024 --training.local_batch_size 8 --training.steps 30 --metrics.log_freq 5 --training.device $gpu $dry_moe; then
+  f=$(falling moe) || failed=1
+  say "  debugmodel_moe bf16 ($gpu): $f; $(stats moe)"
 fi
-[ $failed = 0 ] && say "training: every check passed" || say "training: FAILED (see above)"
+if run a3b 240 60 --config nki_qwen3_30b_a3b $qwen --training.seq_len 2048 --training.local_batch_size 2 --training.steps 12 --metrics.log_freq 2 --training.device $gpu $dry_moe; then
+  f=$(falling a3b) || failed=1
+  say "  30B-A3B reduced (4 layers, 64 experts, top-4) bf16 ($gpu): $f; $(stats a3b) (MFU of the active parameters)"
+fi
+# check-kernel on the device: the CUDA RoPE and grouped-experts ops against the CPU's.
+limited check-kernel 180 30 "$b/lib/ld.so" --library-path "$libpath" "$b/titan" check-kernel \
+  --config qwen3_debugmodel_moe --training.device $gpu --training.seq_len 256 \
+  --training.local_batch_size 2 ${dry_moe} >"$logs/check-kernel.log" 2>&1
+case $? in
+  0) say "  check-kernel --training.device $gpu (debugmodel_moe: RoPE, grouped experts fp32/bf16 vs the CPU): all within tolerance" ;;
+  2) ;;
+  *) say "  check-kernel --training.device $gpu: FAILED (last line of check-kernel.log: $(tail -1 "$logs/check-kernel.log"))"
+     failed=1 ;;
+esac
+[ $have_torch = 1 ] && torch_run compile
+[ ${#skipped[@]} = 0 ] || say "  skipped for the time budget: ${skipped[*]}"
+[ $failed = 0 ] && say "training: every check that ran passed" || say "training: FAILED (see above)"
 exit $failed

@@ -35,9 +35,10 @@ constexpr int64_t kNoException = INT64_MIN;
 int64_t first_outside(const int32_t* v, int64_t n, int64_t lo, int64_t hi, int64_t allowed,
                       int32_t* value);
 
-// Waits for the granules that reserved ranges gave back and unmaps them (runtime.cu: their unmap
-// is deferred until the kernels before have run): what an allocation that failed for want of
-// memory tries before giving up.
+// Waits for the stream, unmaps the granules reserved ranges gave back (runtime.cu: their unmap
+// is deferred until the kernels before have run) and trims the stream-ordered pool (the Temp
+// buffers it keeps until a synchronization): what an allocation that failed for want of memory
+// tries before giving up.
 void reclaim();
 
 // Device memory for one op's temporaries, freed in stream order when it goes out of scope.
