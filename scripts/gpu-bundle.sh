@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 assets=${TITAN_ASSETS:-../shared/assets}
-[ -x "$build/titan" ] || bash scripts/build.sh "$build" -DCMAKE_BUILD_TYPE=Release -- titan
+bash scripts/build.sh "$build" -DCMAKE_BUILD_TYPE=Release -- titan  # up to date with the tree
 ldd "$build/titan" | grep -q libcudart || {
   echo "gpu-bundle: $build/titan was built without CUDA (no nvcc?); nothing to bundle" >&2
   exit 1

@@ -17,22 +17,24 @@
 # inside it is skipped and listed). Exits non-zero when a check fails, when nvidia-smi lists a GPU
 # the CUDA runtime cannot use, or when the bundle is missing.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 out=${1:-${OUT:-gpu-check-out}}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # before the cd below: a relative OUT_DIR is the caller's
+cd "$(dirname "$0")/.."
 export TITAN_GPU_CHECK_DEADLINE=$(( $(date +%s) + ${TITAN_GPU_CHECK_BUDGET:-450} ))
 work=$(mktemp -d /tmp/titan-gpu-check.XXXXXX)
 logs="$work/logs"
 mkdir -p "$logs"
 summary="$out/gpu-check-summary.txt"
 log="$logs/build.log"
-# Whatever happens, the logs come back as one file and the work folder goes.
-trap 'tar -C "$logs" -czf "$out/gpu-check-logs.tar.gz" . 2>/dev/null; rm -rf "$work"' EXIT
+# Whatever happens, the logs come back as one file and the work folder goes (the script's exit
+# status kept: set -e must not end the trap at a failing tar).
+trap 'status=$?; set +e; tar -C "$logs" -czf "$out/gpu-check-logs.tar.gz" . 2>/dev/null; rm -rf "$work"; exit $status' EXIT
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cuda_root=$(dirname "$(dirname "$nvcc")")
 cxx=${CXX:-g++}
 gpu_listed=0
-nvidia-smi -L 2>/dev/null | grep -q '^GPU' && gpu_listed=1
+[[ $(nvidia-smi -L 2>/dev/null || true) == *GPU* ]] && gpu_listed=1
 {
   echo "titan gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "nvcc: $("$nvcc" --version | tail -1)"
@@ -51,16 +53,16 @@ for f in src/titan/ops/cuda/runtime.cu src/titan/ops/cuda/elementwise.cu src/tit
          src/titan/ops/cuda/attention.cu src/titan/ops/cuda/attention_tc.cu src/titan/ops/cuda/loss.cu \
          src/titan/ops/cuda/router.cu src/titan/ops/cuda/experts.cu \
          src/titan/ops/cuda/backend.cu src/titan/optim/cuda/adamw.cu; do
-  "$nvcc" -std=c++17 -O3 $gencode --fmad=false -Xcompiler=-Wall,-Wextra -Isrc -c "$f" \
+  timeout -k 10 300 "$nvcc" -std=c++17 -O3 $gencode --fmad=false -Xcompiler=-Wall,-Wextra -Isrc -c "$f" \
       -o "$work/$(basename "$f" .cu).o" >>"$log" 2>&1 &
   pids+=($!)
 done
-"$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -ffp-contract=off -Isrc \
+timeout -k 10 300 "$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -ffp-contract=off -Isrc \
     -c src/titan/ops/cpu/elementwise.cpp -o "$work/elementwise_cpu.o" >>"$log" 2>&1 &
 pids+=($!)
 for f in src/titan/ops/cpu/attention.cpp src/titan/ops/cpu/attention_cached.cpp \
          src/titan/ops/cpu/router.cpp src/titan/optim/adamw.cpp tests/ops/cuda/kernels_test.cpp; do
-  "$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -Isrc -I"$cuda_root/include" \
+  timeout -k 10 300 "$cxx" -std=c++20 -O3 -fopenmp -Wall -Wextra -Isrc -I"$cuda_root/include" \
       -c "$f" -o "$work/$(basename "$f" .cpp)_host.o" >>"$log" 2>&1 &
   pids+=($!)
 done
@@ -74,13 +76,15 @@ echo "build: $([ $ok = 1 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 ))
   tee -a "$summary"
 
 # cuBLASLt and the runtime from the toolkit, wherever its lib folder is.
-for d in "$cuda_root/lib64" "$cuda_root/targets/x86_64-linux/lib"; do
+for d in "$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/lib"; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 rc=1
 if [ $ok = 1 ]; then
   set +e
-  timeout 180 "$work/titan_cuda_kernels_test" --probe 2>&1 | tee -a "$summary"
+  # Line-buffered, so that a crash or the timeout keeps what it printed.
+  timeout -k 10 180 stdbuf -oL "$work/titan_cuda_kernels_test" --probe 2>&1 |
+    tee "$logs/kernels.log" | tee -a "$summary"
   rc=${PIPESTATUS[0]}
   set -e
 else
@@ -105,7 +109,7 @@ if [ "${TITAN_GPU_CHECK_SANITIZE:-0}" = 1 ] && [ $ok = 1 ] && [ $rc != 77 ]; the
   done
   [ -n "$sanitizer" ] || echo "compute-sanitizer: skipped (not installed with this toolkit)" | tee -a "$summary"
   for tool in ${sanitizer:+memcheck racecheck}; do
-    if timeout 600 "$sanitizer" --tool $tool --error-exitcode 3 "$work/titan_cuda_kernels_test" \
+    if timeout -k 10 600 "$sanitizer" --tool $tool --error-exitcode 3 "$work/titan_cuda_kernels_test" \
          >"$logs/sanitizer-$tool.log" 2>&1; then
       echo "compute-sanitizer $tool: no errors" | tee -a "$summary"
     else

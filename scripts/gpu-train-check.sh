@@ -28,6 +28,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --refs ]; then
+  unset TITAN_GPU_CHECK_DRY  # the references are the full runs
   b=$2
   work=$(mktemp -d /tmp/titan-gpu-refs.XXXXXX)
   trap 'rm -rf "$work"' EXIT
@@ -61,14 +62,22 @@ for d in "$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/li
          /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
   [ -d "$d" ] && libpath="$libpath:$d"
 done
-# PyTorch's CUDA wheels (nvidia/*/lib: cuBLASLt, the runtime, NCCL) where the toolkit lacks one.
-py_libs=$("${TITAN_TORCH_PYTHON:-python3}" -c \
-  "import glob, site; print(':'.join(sorted(glob.glob(site.getsitepackages()[0] + '/nvidia/*/lib'))))" \
-  2>/dev/null || true)
+# NVIDIA's Python wheels (nvidia/*/lib: NCCL, which the CUDA toolkit does not hold, cuBLASLt,
+# the runtime) and torch/lib, wherever that Python installed them.
+py_libs=$("${TITAN_TORCH_PYTHON:-python3}" - 2>/dev/null <<'PY' || true
+import glob, importlib.util, os
+dirs = []
+for name in ("nvidia", "torch"):
+    spec = importlib.util.find_spec(name)
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        dirs += sorted(glob.glob(os.path.join(root, "*", "lib"))) if name == "nvidia" else [os.path.join(root, "lib")]
+print(":".join(d for d in dirs if os.path.isdir(d)))
+PY
+)
 [ -n "$py_libs" ] && libpath="$libpath:$py_libs"
 if ! "$b/lib/ld.so" --library-path "$libpath" --list "$b/titan" >"$logs/ldd.txt" 2>&1 ||
    grep -q "not found" "$logs/ldd.txt"; then
-  say "training: FAILED: titan's libraries are not all here ($(grep 'not found' "$logs/ldd.txt" | tr -s ' \t' ' ' | tr '\n' ';'))"
+  say "training: FAILED: titan's libraries are not all here ($(grep 'not found' "$logs/ldd.txt" | tr -s ' \t' ' ' | tr '\n' ';'); last line of ldd.txt: $(tail -1 "$logs/ldd.txt"))"
   exit 1
 fi
 
@@ -76,6 +85,7 @@ byte="--dataloader.dataset_path $b/data/wikitext-test-byte.bin"
 qwen="--dataloader.dataset_path $b/data/wikitext-test-qwen3.bin"
 failed=0
 skipped=()
+cut=0
 gpu=cuda
 dry=()
 dry_moe=""
@@ -87,28 +97,30 @@ if [ "${TITAN_GPU_CHECK_DRY:-0}" = 1 ]; then
   say "  (dry run: every GPU run on the CPU, shrunk: ${dry[*]} $dry_moe)"
 fi
 # limited NAME SECONDS LEAST CMD...: CMD stopped after SECONDS, or at the deadline if that comes
-# first; not started (listed as skipped, return 2) when less than LEAST seconds are left, and
-# listed as cut short (return 2) when the deadline stopped it. Otherwise CMD's exit status.
+# first; not started (1 returned) when less than LEAST seconds are left, or cut short by the
+# deadline: then listed as skipped and `cut` set to 1. Returns CMD's exit status otherwise.
 limited() {
   local name=$1 secs=$2 least=$3
   shift 3
+  cut=0
   local left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt "$least" ]; then
     skipped+=("$name")
-    return 2
+    cut=1
+    return 1
   fi
-  local cut=0
-  [ "$left" -lt "$secs" ] && { secs=$left; cut=1; }
-  timeout "$secs" "$@"
+  local capped=0
+  [ "$left" -lt "$secs" ] && { secs=$left; capped=1; }
+  timeout -k 10 "$secs" "$@"
   local rc=$?
-  if [ $rc = 124 ] && [ $cut = 1 ]; then
+  if [ $rc = 124 ] && [ $capped = 1 ]; then
     skipped+=("$name (cut short)")
-    return 2
+    cut=1
   fi
   return $rc
 }
 # run NAME SECONDS LEAST ARGS...: one `titan train` (limited as above), its log and metrics kept;
-# 0 when it finished, 2 when skipped for time; a failure is reported and counted.
+# 0 when it finished; a failure (not a skip for time) is reported and counted.
 run() {
   local name=$1 secs=$2 least=$3
   shift 3
@@ -119,7 +131,7 @@ run() {
     >"$logs/train-$name.log" 2>&1
   local rc=$?
   [ -f "$dir/metrics.jsonl" ] && cp "$dir/metrics.jsonl" "$logs/train-$name.jsonl"
-  if [ $rc != 0 ] && [ $rc != 2 ]; then
+  if [ $rc != 0 ] && [ $cut = 0 ]; then
     say "  $name: FAILED (exit $rc; last lines of train-$name.log:)"
     tail -3 "$logs/train-$name.log" | sed 's/^/    /' | tee -a "$summary"
     failed=1
@@ -131,6 +143,8 @@ stats() {
   python3 - "$logs/train-$1.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tps"' in l]
+if not rows:
+    sys.exit(print("no logged step in " + sys.argv[1]))
 r = rows[-1]
 print(f"step {r['step']}: loss {r['loss']:.4f}, {r['tps']:,.0f} tokens/s, "
       f"{r['tflops']:.1f} TFLOP/s, MFU {r['mfu']:.2f}%, memory {r['memory_gib']:.2f} GiB")
@@ -143,7 +157,11 @@ import json, sys
 def curve(f):
     return {r["step"]: r["loss"] for r in map(json.loads, open(f)) if "tps" in r}
 g, c, bound = curve(sys.argv[1]), curve(sys.argv[2]), float(sys.argv[3])
-steps = sorted(set(g) & set(c))
+missing = sorted(set(c) - set(g))
+if not c or missing:
+    print(f"FAILED: the CPU curve has {len(c)} steps, the GPU's lacks {len(missing)} of them")
+    sys.exit(1)
+steps = sorted(c)
 worst = max(steps, key=lambda s: abs(g[s] - c[s]) / abs(c[s]))
 rel = abs(g[worst] - c[worst]) / abs(c[worst])
 print(f"{len(steps)} steps, max |loss_gpu - loss_cpu| / loss_cpu = {rel:.2e} at step {worst} "
@@ -156,6 +174,8 @@ falling() {
   python3 - "$logs/train-$1.jsonl" <<'EOF'
 import json, sys
 l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if '"tps"' in x]
+if not l:
+    sys.exit(print("no logged step: NOT falling") or 1)
 ok = len(l) >= 4 and sum(l[-3:]) / 3 < l[0]
 print(f"loss {l[0]:.4f} -> {l[-1]:.4f} over {len(l)} logged steps: {'falling' if ok else 'NOT falling'}")
 sys.exit(0 if ok else 1)
@@ -163,16 +183,21 @@ EOF
 }
 
 # cmp_args PREC: the arguments (p) and bound of the debugmodel run compared GPU against CPU.
+# The CPU's curve in the bundle is used only if it was made with the same arguments (core: all
+# but the data's path, which differs between here and where the bundle was made).
 cmp_args() {
-  p="--config qwen3_debugmodel $byte --training.seq_len 256 --training.local_batch_size 8 --debug.seed 1 --metrics.log_freq 1 --metrics.peak_flops 1e15"
-  if [ "$1" = fp32 ]; then p="$p --training.mixed_precision_param float32 --training.steps 20"; bound=1e-4
-  else p="$p --training.mixed_precision_param bfloat16 --training.steps 50"; bound=2e-2; fi
+  core="--config qwen3_debugmodel --training.seq_len 256 --training.local_batch_size 8 --debug.seed 1 --metrics.log_freq 1 --metrics.peak_flops 1e15"
+  if [ "$1" = fp32 ]; then core="$core --training.mixed_precision_param float32 --training.steps 20"; bound=1e-4
+  else core="$core --training.mixed_precision_param bfloat16 --training.steps 50"; bound=2e-2; fi
+  p="$byte $core"
 }
 if [ "${1:-}" = --refs ]; then
   mkdir -p "$b/ref"
   for prec in fp32 bf16; do
     cmp_args $prec
-    run "$prec-cpu" 3600 0 $p --training.device cpu && cp "$logs/train-$prec-cpu.jsonl" "$b/ref/$prec-cpu.jsonl" || exit 1
+    run "$prec-cpu" 3600 0 $p --training.device cpu || exit 1
+    cp "$logs/train-$prec-cpu.jsonl" "$b/ref/$prec-cpu.jsonl" || exit 1
+    echo "$core" >"$b/ref/$prec-args.txt"
   done
   exit 0
 fi
@@ -182,7 +207,8 @@ say "training: titan $(cat "$b/commit") from the bundle"
 for prec in fp32 bf16; do
   cmp_args $prec
   run "$prec-cuda" 120 30 $p --training.device $gpu || continue
-  if [ -f "$b/ref/$prec-cpu.jsonl" ] && [ "$gpu" = cuda ]; then
+  if [ -f "$b/ref/$prec-cpu.jsonl" ] && [ "$gpu" = cuda ] &&
+     [ "$(cat "$b/ref/$prec-args.txt" 2>/dev/null)" = "$core" ]; then
     cp "$b/ref/$prec-cpu.jsonl" "$logs/train-$prec-cpu.jsonl"
   else
     run "$prec-cpu" 240 60 $p --training.device cpu || continue
@@ -251,9 +277,11 @@ fi
 limited check-kernel 180 30 "$b/lib/ld.so" --library-path "$libpath" "$b/titan" check-kernel \
   --config qwen3_debugmodel_moe --training.device $gpu --training.seq_len 256 \
   --training.local_batch_size 2 ${dry_moe} >"$logs/check-kernel.log" 2>&1
-case $? in
+rc=$?
+[ $cut = 1 ] && rc=skipped
+case $rc in
   0) say "  check-kernel --training.device $gpu (debugmodel_moe: RoPE, grouped experts fp32/bf16 vs the CPU): all within tolerance" ;;
-  2) ;;
+  skipped) ;;
   *) say "  check-kernel --training.device $gpu: FAILED (last line of check-kernel.log: $(tail -1 "$logs/check-kernel.log"))"
      failed=1 ;;
 esac
