@@ -39,20 +39,23 @@ void check_cuda(cudaError_t e, const char* what) {
 class InFlight final : public Request {
  public:
   explicit InFlight(cudaStream_t s) : stream_(s) {
-    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&begin_), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&done_), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-    check_cuda(cudaEventRecord(begin_, stream_), "cudaEventRecord");
+    try {
+      check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+      check_cuda(cudaEventCreate(&begin_), "cudaEventCreate");
+      check_cuda(cudaEventCreate(&done_), "cudaEventCreate");
+      check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
+      check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+      check_cuda(cudaEventRecord(begin_, stream_), "cudaEventRecord");
+    } catch (...) {
+      destroy_events();  // no destructor runs for a constructor that throws
+      throw;
+    }
   }
   ~InFlight() override {
     // Not waited for (an error unwinding): what titan's stream runs next waits for it, so that
     // its buffers are not reused under it.
     if (!waited_ && queued_) cudaStreamWaitEvent(cudaStreamLegacy, done_, 0);
-    cudaEventDestroy(ready_);
-    cudaEventDestroy(begin_);
-    cudaEventDestroy(done_);
+    destroy_events();
   }
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
@@ -71,6 +74,10 @@ class InFlight final : public Request {
   double seconds() const override { return seconds_; }
 
  private:
+  void destroy_events() {
+    for (cudaEvent_t e : {ready_, begin_, done_})
+      if (e) cudaEventDestroy(e);
+  }
   cudaStream_t stream_;
   cudaEvent_t ready_ = nullptr, begin_ = nullptr, done_ = nullptr;
   bool queued_ = false, waited_ = false;
@@ -101,7 +108,11 @@ class NcclGroup final : public Communicator {
  public:
   NcclGroup(ncclComm_t comm, Communicator& host, std::unique_ptr<Communicator> owned = nullptr)
       : comm_(comm), host_(host), owned_(std::move(owned)) {
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (const cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      ncclCommDestroy(comm_);  // ours from here on, and no destructor runs
+      check_cuda(e, "cudaStreamCreate");
+    }
   }
   ~NcclGroup() override {
     cudaStreamSynchronize(stream_);
