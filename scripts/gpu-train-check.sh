@@ -9,9 +9,10 @@
 #
 # Checks (exit 1 when one fails; tolerances stated, and why):
 #   fp32   debugmodel, 20 steps, GPU against CPU (the CPU's curves made with the bundle, on the
-#          CI machine; run here when the bundle has none): every step's loss within 1e-4 relative. Both
-#          are fp32 throughout; they differ only in the order of GEMM and attention sums
-#          (~1e-6 relative per op), which 20 small AdamW steps do not amplify past 1e-4.
+#          CI machine; run here when the bundle has none for these arguments): every step's loss
+#          within 1e-4 relative. Both are fp32 throughout; they differ only in the order of GEMM
+#          and attention sums (~1e-6 relative per op), which 20 small AdamW steps do not amplify
+#          past 1e-4.
 #   bf16   the same in bf16 mixed precision, 50 steps: within 2e-2 relative. bf16 rounds every
 #          GEMM input to 8 bits of mantissa, so one fp32 ulp of difference before a rounding
 #          becomes 2^-8 after it; the curves must agree to the noise of bf16 training.
