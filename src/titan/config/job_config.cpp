@@ -16,151 +16,207 @@
 
 namespace titan::config {
 
+void ModelConfig::visit(const FieldVisitor& f) {
+  f("name", &name, "model family (qwen3)");
+  f("flavor", &flavor,
+    "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B");
+  f("hf_assets_path", &hf_assets_path,
+    "Hugging Face model directory: architecture from its config.json");
+  f("n_layers", &n_layers, "override the flavor's layer count (0: keep)");
+  f("dim", &dim, "override the hidden size (0: keep)");
+  f("n_heads", &n_heads, "override the query heads (0: keep)");
+  f("n_kv_heads", &n_kv_heads, "override the key/value heads (0: keep)");
+  f("head_dim", &head_dim, "override the head dimension (0: keep)");
+  f("hidden_dim", &hidden_dim, "override the SwiGLU hidden size (0: keep)");
+  f("vocab_size", &vocab_size, "override the vocabulary size (0: keep)");
+  f("rope_theta", &rope_theta, "override the RoPE base (0: keep)");
+  f("attn_mask_type", &attn_mask_type, "block_causal or causal");
+  f("num_experts", &num_experts, "MoE: override the expert count (0: keep)");
+  f("top_k", &top_k, "MoE: override experts per token (0: keep)");
+  f("moe_hidden_dim", &moe_hidden_dim, "MoE: override the expert hidden size (0: keep)");
+  f("load_balance_coeff", &load_balance_coeff,
+    "MoE: torchtitan's aux-loss-free expert-bias step (-1: keep; 0: off)");
+  f("router_aux_loss", &router_aux_loss, "MoE: add Transformers' auxiliary load-balancing loss");
+  f("router_aux_loss_coef", &router_aux_loss_coef,
+    "MoE: coefficient of the auxiliary loss (-1: keep)");
+}
+
+void TrainingConfig::visit(const FieldVisitor& f) {
+  f("local_batch_size", &local_batch_size, "sequences per microbatch");
+  f("global_batch_size", &global_batch_size,
+    "sequences per step (-1: local × data-parallel degree); a multiple gives accumulation");
+  f("seq_len", &seq_len, "tokens per sequence");
+  f("max_norm", &max_norm, "gradient clipping L2 norm");
+  f("steps", &steps, "optimizer steps");
+  f("mixed_precision_param", &mixed_precision_param,
+    "GEMM compute dtype: bfloat16 (bf16 inputs, fp32 accumulation, fp32 master weights) or "
+    "float32");
+  f("mixed_precision_reduce", &mixed_precision_reduce,
+    "gradient reduction dtype across data-parallel ranks: float32");
+  f("dtype", &dtype, "master weight dtype: float32");
+  f("device", &device, "where the model computes: cpu, cuda (one GPU per process)");
+}
+
+void OptimizerConfig::visit(const FieldVisitor& f) {
+  f("name", &name, "AdamW");
+  f("lr", &lr, "learning rate");
+  f("beta1", &beta1, "AdamW beta1");
+  f("beta2", &beta2, "AdamW beta2");
+  f("eps", &eps, "AdamW epsilon");
+  f("weight_decay", &weight_decay, "decoupled weight decay");
+}
+
+void LRSchedulerConfig::visit(const FieldVisitor& f) {
+  f("warmup_steps", &warmup_steps, "linear warmup steps");
+  f("decay_ratio", &decay_ratio, "fraction of steps spent decaying (<0: all steps after warmup)");
+  f("decay_type", &decay_type, "linear, sqrt or cosine");
+  f("min_lr_factor", &min_lr_factor, "floor of the decay");
+}
+
+void MetricsConfig::visit(const FieldVisitor& f) {
+  f("log_freq", &log_freq, "log every N steps (and step 1)");
+  f("disable_color_printing", &disable_color_printing, "plain console");
+  f("enable_jsonl", &enable_jsonl, "write {dump_folder}/metrics.jsonl");
+  f("enable_tensorboard", &enable_tensorboard,
+    "write TensorBoard event files to {dump_folder}/{save_tb_folder}");
+  f("save_tb_folder", &save_tb_folder, "TensorBoard folder under dump_folder");
+  f("peak_flops", &peak_flops, "peak FLOP/s for MFU (0: measure with a GEMM probe)");
+}
+
+void DataLoaderConfig::visit(const FieldVisitor& f) {
+  f("dataset", &dataset,
+    "source: auto (fortunes corpus without dataset_path, else by extension; chat records "
+    "found in JSON lines), fortunes, text (a line each), jsonl, chat (conversations: "
+    "messages, or prompt + completion), tokens (titan tokenize shards)");
+  f("dataset_path", &dataset_path, "file, directory, glob or comma-separated list");
+  f("tokenizer", &tokenizer,
+    "auto (model.hf_assets_path's tokenizer.json if it has one, else byte), byte, or a "
+    "tokenizer.json or the directory holding it");
+  f("shuffle", &shuffle, "reshuffle documents each later epoch");
+  f("seed", &seed, "shuffle seed");
+  f("text_field", &text_field, "JSON lines: the document's field");
+  f("skip_malformed", &skip_malformed,
+    "JSON lines: skip and count malformed lines instead of stopping");
+}
+
+void SftConfig::visit(const FieldVisitor& f) {
+  f("train_on_prompt", &train_on_prompt,
+    "chat data: the loss on every token, not only the assistant turns");
+  f("packing", &packing, "chat data: pack conversations into rows (false: one per row, padded)");
+  f("truncation", &truncation,
+    "chat data: a conversation longer than training.seq_len + 1 tokens: truncate or drop");
+}
+
+void LossConfig::visit(const FieldVisitor& f) {
+  f("num_chunks", &num_chunks, "lm_head + cross-entropy chunks");
+}
+
+void ParallelismConfig::visit(const FieldVisitor& f) {
+  f("data_parallel_replicate_degree", &data_parallel_replicate_degree, "DDP/HSDP replicas");
+  f("data_parallel_shard_degree", &data_parallel_shard_degree,
+    "FSDP shards (-1: the ranks left over)");
+  f("tensor_parallel_degree", &tensor_parallel_degree,
+    "tensor parallel degree (titan plan only; training: 1)");
+  f("expert_parallel_degree", &expert_parallel_degree,
+    "expert parallel degree (MoE experts split over ranks of the shard group)");
+  f("enable_sequence_parallel", &enable_sequence_parallel,
+    "tensor parallelism: norms and residuals on sequence shards");
+  f("disable_loss_parallel", &disable_loss_parallel,
+    "tensor parallelism: gather the logits instead of a vocab-parallel loss");
+  f("context_parallel_degree", &context_parallel_degree,
+    "context parallel degree (not implemented: 1)");
+  f("pipeline_parallel_degree", &pipeline_parallel_degree,
+    "pipeline parallel degree (not implemented: 1)");
+  f("fsdp_reshard_after_forward", &fsdp_reshard_after_forward, "default, always or never");
+}
+
+void ActivationCheckpointConfig::visit(const FieldVisitor& f) {
+  f("mode", &mode, "none | selective | full (recompute blocks in the backward)");
+  f("selective_ac_option", &selective_ac_option,
+    "selective: N (every N-th block fully) or op (keep GEMM/attention outputs)");
+}
+
+void CheckpointConfig::visit(const FieldVisitor& f) {
+  f("enable", &enable, "save checkpoints");
+  f("folder", &folder, "checkpoint folder under dump_folder");
+  f("interval", &interval, "save every N steps");
+  f("initial_load_path", &initial_load_path, "absolute path of a checkpoint to start from");
+  f("initial_load_model_only", &initial_load_model_only,
+    "load only the model from initial_load_path");
+  f("initial_load_in_hf", &initial_load_in_hf,
+    "the initial checkpoint is Hugging Face safetensors");
+  f("last_save_model_only", &last_save_model_only, "the last save holds only the model");
+  f("last_save_in_hf", &last_save_in_hf, "the last save is a Hugging Face model directory");
+  f("export_dtype", &export_dtype, "dtype of a model-only last save: float32, bfloat16, float16");
+  f("keep_latest_k", &keep_latest_k, "keep this many (0: all)");
+  f("load_step", &load_step, "step to resume (-1: latest)");
+}
+
+void EvalConfig::visit(const FieldVisitor& f) {
+  f("steps", &steps, "dataset batches for titan eval");
+  f("tokens_path", &tokens_path, "safetensors with input_ids to evaluate");
+  f("logits_out", &logits_out, "write logits for eval.tokens_path here");
+}
+
+void ValidatorConfig::visit(const FieldVisitor& f) {
+  f("enable", &enable, "evaluate on a validation set during training");
+  f("freq", &freq, "validate every N steps (and at step 1)");
+  f("steps", &steps, "batches per validation (-1: the whole set)");
+  f("dataset", &dataset, "as dataloader.dataset (auto: by extension)");
+  f("dataset_path", &dataset_path, "the validation corpus");
+}
+
+void LoraConfig::visit(const FieldVisitor& f) {
+  f("rank", &rank, "LoRA rank r (0: train the whole model)");
+  f("alpha", &alpha, "LoRA alpha (scale alpha / r)");
+  f("dropout", &dropout, "dropout on the adapters' input while training");
+  f("target_modules", &target_modules,
+    "projections to adapt: wq,wk,wv,wo,w1,w2,w3 or q_proj,...,down_proj");
+  f("use_rslora", &use_rslora, "rank-stabilized scale alpha / sqrt(r)");
+  f("merge_on_export", &merge_on_export,
+    "the last Hugging Face save holds the merged weights instead of the adapter");
+  f("adapter_path", &adapter_path, "a PEFT adapter directory to start from");
+}
+
+void DebugConfig::visit(const FieldVisitor& f) {
+  f("seed", &seed, "seed for init and data (-1: none)");
+  f("print_config", &print_config, "print the resolved config at start");
+  f("save_config_file", &save_config_file, "write the resolved config to this TOML file");
+}
+
+void JobFileConfig::visit(const FieldVisitor& f) {
+  f("config_file", &config_file, "TOML job file applied before the flags");
+}
+
+void OverrideConfig::visit(const FieldVisitor& f) {
+  f("imports", &imports, "plugin libraries whose overrides apply (comma-separated)");
+}
+
 std::vector<Field> fields(JobConfig& c) {
-  return {
-      {"dump_folder", &c.dump_folder, "folder for metrics and checkpoints"},
-      {"model.name", &c.model.name, "model family (qwen3)"},
-      {"model.flavor", &c.model.flavor,
-       "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B"},
-      {"model.hf_assets_path", &c.model.hf_assets_path,
-       "Hugging Face model directory: architecture from its config.json"},
-      {"model.n_layers", &c.model.n_layers, "override the flavor's layer count (0: keep)"},
-      {"model.dim", &c.model.dim, "override the hidden size (0: keep)"},
-      {"model.n_heads", &c.model.n_heads, "override the query heads (0: keep)"},
-      {"model.n_kv_heads", &c.model.n_kv_heads, "override the key/value heads (0: keep)"},
-      {"model.head_dim", &c.model.head_dim, "override the head dimension (0: keep)"},
-      {"model.hidden_dim", &c.model.hidden_dim, "override the SwiGLU hidden size (0: keep)"},
-      {"model.vocab_size", &c.model.vocab_size, "override the vocabulary size (0: keep)"},
-      {"model.rope_theta", &c.model.rope_theta, "override the RoPE base (0: keep)"},
-      {"model.attn_mask_type", &c.model.attn_mask_type, "block_causal or causal"},
-      {"model.num_experts", &c.model.num_experts, "MoE: override the expert count (0: keep)"},
-      {"model.top_k", &c.model.top_k, "MoE: override experts per token (0: keep)"},
-      {"model.moe_hidden_dim", &c.model.moe_hidden_dim,
-       "MoE: override the expert hidden size (0: keep)"},
-      {"model.load_balance_coeff", &c.model.load_balance_coeff,
-       "MoE: torchtitan's aux-loss-free expert-bias step (-1: keep; 0: off)"},
-      {"model.router_aux_loss", &c.model.router_aux_loss,
-       "MoE: add Transformers' auxiliary load-balancing loss"},
-      {"model.router_aux_loss_coef", &c.model.router_aux_loss_coef,
-       "MoE: coefficient of the auxiliary loss (-1: keep)"},
-      {"training.local_batch_size", &c.training.local_batch_size, "sequences per microbatch"},
-      {"training.global_batch_size", &c.training.global_batch_size,
-       "sequences per step (-1: local × data-parallel degree); a multiple gives accumulation"},
-      {"training.seq_len", &c.training.seq_len, "tokens per sequence"},
-      {"training.max_norm", &c.training.max_norm, "gradient clipping L2 norm"},
-      {"training.steps", &c.training.steps, "optimizer steps"},
-      {"training.mixed_precision_param", &c.training.mixed_precision_param,
-       "GEMM compute dtype: bfloat16 (bf16 inputs, fp32 accumulation, fp32 master weights) or "
-       "float32"},
-      {"training.mixed_precision_reduce", &c.training.mixed_precision_reduce,
-       "gradient reduction dtype across data-parallel ranks: float32"},
-      {"training.dtype", &c.training.dtype, "master weight dtype: float32"},
-      {"training.device", &c.training.device,
-       "where the model computes: cpu, cuda (one GPU per process)"},
-      {"optimizer.name", &c.optimizer.name, "AdamW"},
-      {"optimizer.lr", &c.optimizer.lr, "learning rate"},
-      {"optimizer.beta1", &c.optimizer.beta1, "AdamW beta1"},
-      {"optimizer.beta2", &c.optimizer.beta2, "AdamW beta2"},
-      {"optimizer.eps", &c.optimizer.eps, "AdamW epsilon"},
-      {"optimizer.weight_decay", &c.optimizer.weight_decay, "decoupled weight decay"},
-      {"lr_scheduler.warmup_steps", &c.lr_scheduler.warmup_steps, "linear warmup steps"},
-      {"lr_scheduler.decay_ratio", &c.lr_scheduler.decay_ratio,
-       "fraction of steps spent decaying (<0: all steps after warmup)"},
-      {"lr_scheduler.decay_type", &c.lr_scheduler.decay_type, "linear, sqrt or cosine"},
-      {"lr_scheduler.min_lr_factor", &c.lr_scheduler.min_lr_factor, "floor of the decay"},
-      {"metrics.log_freq", &c.metrics.log_freq, "log every N steps (and step 1)"},
-      {"metrics.disable_color_printing", &c.metrics.disable_color_printing, "plain console"},
-      {"metrics.enable_jsonl", &c.metrics.enable_jsonl, "write {dump_folder}/metrics.jsonl"},
-      {"metrics.enable_tensorboard", &c.metrics.enable_tensorboard,
-       "write TensorBoard event files to {dump_folder}/{save_tb_folder}"},
-      {"metrics.save_tb_folder", &c.metrics.save_tb_folder, "TensorBoard folder under dump_folder"},
-      {"metrics.peak_flops", &c.metrics.peak_flops,
-       "peak FLOP/s for MFU (0: measure with a GEMM probe)"},
-      {"dataloader.dataset", &c.dataloader.dataset,
-       "source: auto (fortunes corpus without dataset_path, else by extension; chat records "
-       "found in JSON lines), fortunes, text (a line each), jsonl, chat (conversations: "
-       "messages, or prompt + completion), tokens (titan tokenize shards)"},
-      {"dataloader.dataset_path", &c.dataloader.dataset_path,
-       "file, directory, glob or comma-separated list"},
-      {"dataloader.tokenizer", &c.dataloader.tokenizer,
-       "auto (model.hf_assets_path's tokenizer.json if it has one, else byte), byte, or a "
-       "tokenizer.json or the directory holding it"},
-      {"dataloader.shuffle", &c.dataloader.shuffle, "reshuffle documents each later epoch"},
-      {"dataloader.seed", &c.dataloader.seed, "shuffle seed"},
-      {"dataloader.text_field", &c.dataloader.text_field, "JSON lines: the document's field"},
-      {"dataloader.skip_malformed", &c.dataloader.skip_malformed,
-       "JSON lines: skip and count malformed lines instead of stopping"},
-      {"sft.train_on_prompt", &c.sft.train_on_prompt,
-       "chat data: the loss on every token, not only the assistant turns"},
-      {"sft.packing", &c.sft.packing,
-       "chat data: pack conversations into rows (false: one per row, padded)"},
-      {"sft.truncation", &c.sft.truncation,
-       "chat data: a conversation longer than training.seq_len + 1 tokens: truncate or drop"},
-      {"loss.num_chunks", &c.loss.num_chunks, "lm_head + cross-entropy chunks"},
-      {"parallelism.data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree,
-       "DDP/HSDP replicas"},
-      {"parallelism.data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree,
-       "FSDP shards (-1: the ranks left over)"},
-      {"parallelism.tensor_parallel_degree", &c.parallelism.tensor_parallel_degree,
-       "tensor parallel degree (titan plan only; training: 1)"},
-      {"parallelism.expert_parallel_degree", &c.parallelism.expert_parallel_degree,
-       "expert parallel degree (MoE experts split over ranks of the shard group)"},
-      {"parallelism.enable_sequence_parallel", &c.parallelism.enable_sequence_parallel,
-       "tensor parallelism: norms and residuals on sequence shards"},
-      {"parallelism.disable_loss_parallel", &c.parallelism.disable_loss_parallel,
-       "tensor parallelism: gather the logits instead of a vocab-parallel loss"},
-      {"parallelism.context_parallel_degree", &c.parallelism.context_parallel_degree,
-       "context parallel degree (not implemented: 1)"},
-      {"parallelism.pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree,
-       "pipeline parallel degree (not implemented: 1)"},
-      {"parallelism.fsdp_reshard_after_forward", &c.parallelism.fsdp_reshard_after_forward,
-       "default, always or never"},
-      {"activation_checkpoint.mode", &c.activation_checkpoint.mode,
-       "none | selective | full (recompute blocks in the backward)"},
-      {"activation_checkpoint.selective_ac_option", &c.activation_checkpoint.selective_ac_option,
-       "selective: N (every N-th block fully) or op (keep GEMM/attention outputs)"},
-      {"checkpoint.enable", &c.checkpoint.enable, "save checkpoints"},
-      {"checkpoint.folder", &c.checkpoint.folder, "checkpoint folder under dump_folder"},
-      {"checkpoint.interval", &c.checkpoint.interval, "save every N steps"},
-      {"checkpoint.initial_load_path", &c.checkpoint.initial_load_path,
-       "absolute path of a checkpoint to start from"},
-      {"checkpoint.initial_load_model_only", &c.checkpoint.initial_load_model_only,
-       "load only the model from initial_load_path"},
-      {"checkpoint.initial_load_in_hf", &c.checkpoint.initial_load_in_hf,
-       "the initial checkpoint is Hugging Face safetensors"},
-      {"checkpoint.last_save_model_only", &c.checkpoint.last_save_model_only,
-       "the last save holds only the model"},
-      {"checkpoint.last_save_in_hf", &c.checkpoint.last_save_in_hf,
-       "the last save is a Hugging Face model directory"},
-      {"checkpoint.export_dtype", &c.checkpoint.export_dtype,
-       "dtype of a model-only last save: float32, bfloat16, float16"},
-      {"checkpoint.keep_latest_k", &c.checkpoint.keep_latest_k, "keep this many (0: all)"},
-      {"checkpoint.load_step", &c.checkpoint.load_step, "step to resume (-1: latest)"},
-      {"eval.steps", &c.eval.steps, "dataset batches for titan eval"},
-      {"eval.tokens_path", &c.eval.tokens_path, "safetensors with input_ids to evaluate"},
-      {"eval.logits_out", &c.eval.logits_out, "write logits for eval.tokens_path here"},
-      {"validator.enable", &c.validator.enable, "evaluate on a validation set during training"},
-      {"validator.freq", &c.validator.freq, "validate every N steps (and at step 1)"},
-      {"validator.steps", &c.validator.steps, "batches per validation (-1: the whole set)"},
-      {"validator.dataset", &c.validator.dataset, "as dataloader.dataset (auto: by extension)"},
-      {"validator.dataset_path", &c.validator.dataset_path, "the validation corpus"},
-      {"lora.rank", &c.lora.rank, "LoRA rank r (0: train the whole model)"},
-      {"lora.alpha", &c.lora.alpha, "LoRA alpha (scale alpha / r)"},
-      {"lora.dropout", &c.lora.dropout, "dropout on the adapters' input while training"},
-      {"lora.target_modules", &c.lora.target_modules,
-       "projections to adapt: wq,wk,wv,wo,w1,w2,w3 or q_proj,...,down_proj"},
-      {"lora.use_rslora", &c.lora.use_rslora, "rank-stabilized scale alpha / sqrt(r)"},
-      {"lora.merge_on_export", &c.lora.merge_on_export,
-       "the last Hugging Face save holds the merged weights instead of the adapter"},
-      {"lora.adapter_path", &c.lora.adapter_path, "a PEFT adapter directory to start from"},
-      {"debug.seed", &c.debug.seed, "seed for init and data (-1: none)"},
-      {"debug.print_config", &c.debug.print_config, "print the resolved config at start"},
-      {"debug.save_config_file", &c.debug.save_config_file,
-       "write the resolved config to this TOML file"},
-      {"job.config_file", &c.job.config_file, "TOML job file applied before the flags"},
-      {"override.imports", &c.override_.imports,
-       "plugin libraries whose overrides apply (comma-separated)"},
+  std::vector<Field> out{{"dump_folder", &c.dump_folder, "folder for metrics and checkpoints"}};
+  auto section = [&](const std::string& name, auto& s) {
+    s.visit([&](const char* field, FieldRef ref, const char* help) {
+      out.push_back({name + "." + field, ref, help});
+    });
   };
+  section("model", c.model);
+  section("training", c.training);
+  section("optimizer", c.optimizer);
+  section("lr_scheduler", c.lr_scheduler);
+  section("metrics", c.metrics);
+  section("dataloader", c.dataloader);
+  section("sft", c.sft);
+  section("loss", c.loss);
+  section("parallelism", c.parallelism);
+  section("activation_checkpoint", c.activation_checkpoint);
+  section("checkpoint", c.checkpoint);
+  section("eval", c.eval);
+  section("validator", c.validator);
+  section("lora", c.lora);
+  section("debug", c.debug);
+  section("job", c.job);
+  section("override", c.override_);
+  return out;
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {

@@ -1,6 +1,6 @@
-// The trainer's configuration tree, torchtitan's section and field names. Plain structs, made
-// reflectable by fields(): every field is visited by its dotted name, for flags, printing and
-// (later) TOML files.
+// The trainer's configuration tree, torchtitan's section and field names. Plain structs; each
+// section lists its own fields in visit(), and fields() names them all by their dotted names,
+// for flags, TOML files and printing.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -9,6 +9,11 @@
 #include <vector>
 
 namespace titan::config {
+
+// A reference to one field of a section, and a visitor of a section's fields: the name within
+// the section, where the value is stored, and the help line of `titan config show`.
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*>;
+using FieldVisitor = std::function<void(const char* name, FieldRef ref, const char* help)>;
 
 struct ModelConfig {
   std::string name = "qwen3";
@@ -26,6 +31,7 @@ struct ModelConfig {
   double load_balance_coeff = -1;    // torchtitan aux-loss-free bias; -1 keeps, 0 disables
   bool router_aux_loss = false;      // force Transformers' auxiliary loss on
   double router_aux_loss_coef = -1;  // -1 keeps (config.json's, else 0.001)
+  void visit(const FieldVisitor& f);
 };
 
 struct TrainingConfig {
@@ -45,11 +51,13 @@ struct TrainingConfig {
   // Where the model computes: cpu, or cuda (refused with the reason: no CUDA build, no GPU, and
   // for now the model itself does not run there; ops/device.h).
   std::string device = "cpu";
+  void visit(const FieldVisitor& f);
 };
 
 struct OptimizerConfig {
   std::string name = "AdamW";
   double lr = 8e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  void visit(const FieldVisitor& f);
 };
 
 struct LRSchedulerConfig {
@@ -57,6 +65,7 @@ struct LRSchedulerConfig {
   double decay_ratio = -1;  // < 0: None (decay starts right after warmup)
   std::string decay_type = "linear";
   double min_lr_factor = 0.0;
+  void visit(const FieldVisitor& f);
 };
 
 struct MetricsConfig {
@@ -66,6 +75,7 @@ struct MetricsConfig {
   bool enable_tensorboard = false;  // event files in {dump_folder}/{save_tb_folder}
   std::string save_tb_folder = "tb";
   double peak_flops = 0;  // FLOP/s for MFU; 0 = measure with a GEMM probe at start
+  void visit(const FieldVisitor& f);
 };
 
 struct DataLoaderConfig {
@@ -79,6 +89,7 @@ struct DataLoaderConfig {
   int64_t seed = 42;
   std::string text_field = "text";  // JSON lines: the field holding a document
   bool skip_malformed = false;      // JSON lines: skip and count bad lines instead of failing
+  void visit(const FieldVisitor& f);
 };
 
 // Supervised fine-tuning on chat records (dataloader.dataset chat; data/chat_dataset.h).
@@ -87,6 +98,7 @@ struct SftConfig {
   bool packing = true;           // conversations packed into rows; false: one per row, padded
   // a conversation longer than training.seq_len + 1 tokens: truncate (keep its start) or drop
   std::string truncation = "truncate";
+  void visit(const FieldVisitor& f);
 };
 
 // torchtitan's validator: every freq steps (and step 1), the loss over a separate dataset
@@ -97,6 +109,7 @@ struct ValidatorConfig {
   int64_t steps = -1;
   std::string dataset = "auto";  // as dataloader.dataset; auto: by file extension
   std::string dataset_path;
+  void visit(const FieldVisitor& f);
 };
 
 // torchtitan's activation_checkpoint: none keeps every activation; full keeps each block's input
@@ -106,6 +119,7 @@ struct ValidatorConfig {
 struct ActivationCheckpointConfig {
   std::string mode = "none";
   std::string selective_ac_option = "2";
+  void visit(const FieldVisitor& f);
 };
 
 // torchtitan's parallelism.* (the product of the degrees, with data_parallel_shard_degree -1
@@ -121,10 +135,12 @@ struct ParallelismConfig {
   // Under tensor parallelism: norms and residuals on sequence shards; the loss on vocab shards.
   bool enable_sequence_parallel = true;
   bool disable_loss_parallel = false;
+  void visit(const FieldVisitor& f);
 };
 
 struct LossConfig {
   int64_t num_chunks = 8;  // lm_head + cross-entropy chunks per microbatch
+  void visit(const FieldVisitor& f);
 };
 
 // torchtitan's checkpoint.* fields and semantics (torchtitan.md §1.4, §6).
@@ -140,6 +156,7 @@ struct CheckpointConfig {
   std::string export_dtype = "float32";  // float32 | bfloat16 | float16
   int64_t keep_latest_k = 10;            // 0 keeps all
   int64_t load_step = -1;                // -1: latest
+  void visit(const FieldVisitor& f);
 };
 
 // titan eval: mean loss / perplexity over dataset batches, or logits for given token ids.
@@ -148,6 +165,7 @@ struct EvalConfig {
   std::string
       tokens_path;         // safetensors with input_ids [B,S] (and optional labels): evaluate these
   std::string logits_out;  // write the logits for tokens_path here (safetensors)
+  void visit(const FieldVisitor& f);
 };
 
 // LoRA (PEFT's LoraConfig): low-rank adapters on the chosen projections of every layer, the base
@@ -163,23 +181,27 @@ struct LoraConfig {
   // A PEFT adapter directory to start from or generate with: its adapter_config.json sets rank,
   // alpha, target_modules and use_rslora.
   std::string adapter_path;
+  void visit(const FieldVisitor& f);
 };
 
 struct DebugConfig {
   int64_t seed = -1;  // -1: None (seed 0 is then used for the init)
   bool print_config = false;
   std::string save_config_file;  // write the resolved config here as TOML
+  void visit(const FieldVisitor& f);
 };
 
 // The job file itself: --job.config_file applies a TOML file between the config function and
 // the flags (precedence: flags > TOML > config function).
 struct JobFileConfig {
   std::string config_file;
+  void visit(const FieldVisitor& f);
 };
 
 // --override.imports: plugin libraries whose overrides rewrite the module tree (comma-separated).
 struct OverrideConfig {
   std::string imports;
+  void visit(const FieldVisitor& f);
 };
 
 struct JobConfig {
@@ -203,8 +225,7 @@ struct JobConfig {
   DebugConfig debug;
 };
 
-// A reference to one field of a JobConfig, by dotted name.
-using FieldRef = std::variant<int64_t*, double*, bool*, std::string*>;
+// One field of a JobConfig, by dotted name ("training.steps"; dump_folder has no section).
 struct Field {
   std::string name;
   FieldRef ref;
