@@ -2,8 +2,9 @@
 # Fails when a source folder includes a titan folder it must not (the layering of
 # ../shared/design/architecture.md): core <- ops <- models <- train / checkpoint; config knows no
 # model; the plugin ABI (plugin/plugin_api.h) depends on core, ops and config only; dist/ (the
-# communicators and the parallel layout) knows no model and no kernel: the trainer wraps the
-# model with it, the model never sees it; infer/ (generation) uses a model through its interface,
+# communicators and the parallel layout) knows no model and no kernel; parallel/ (FSDP, tensor,
+# expert and loss parallelism) wraps a model through its interface, and the trainer installs it:
+# the model never sees it; tools/ (plot, memory plan, check-kernel) sit beside the training loop; infer/ (generation) uses a model through its interface,
 # as train/ does, and knows no kernel.
 # usage: scripts/check-layering.sh   (from anywhere; prints each violation, exits 1 if any)
 set -euo pipefail
@@ -19,7 +20,9 @@ declare -A allowed=(
   [plugin]="core ops config"
   [models]="core ops config plugin"
   [checkpoint]="core config models/model.h"
-  [train]="core ops config data optim plugin checkpoint dist models/model.h models/tensor_parallel.h models/registry.h"
+  [parallel]="core ops config dist checkpoint models/model.h models/tensor_parallel.h"
+  [train]="core ops config data optim plugin checkpoint dist parallel tools/memory_plan.h models/model.h models/tensor_parallel.h models/registry.h"
+  [tools]="core ops config dist plugin models/model.h models/registry.h"
   [infer]="core config data checkpoint models/model.h models/registry.h"
   [cli]="*"
   [builtins.cpp]="*"
@@ -27,7 +30,7 @@ declare -A allowed=(
 # Deliberate exceptions, each with its reason.
 declare -A exceptions=(
   # check-kernel compares the kernels of Qwen3's op plans on Qwen3's shapes.
-  [train/check_kernel.cpp]="models/qwen3"
+  [tools/check_kernel.cpp]="models/qwen3"
 )
 bad=0
 while IFS= read -r f; do

@@ -190,7 +190,7 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
     so.init = false;
     so.tp = {tp_rank, 2, true};
     auto s = models::build_model(c, so);
-    train::TensorParallel::slice(*s, s->param_data(), *whole, whole->param_data());
+    parallel::TensorParallel::slice(*s, s->param_data(), *whole, whole->param_data());
     return s;
   };
   Checkpointer ck(c);
@@ -203,8 +203,8 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
       const auto local = slice_model(tp);
       const int64_t ln = local->num_params(), cut = ln / 2 + 3;
       std::vector<float> lm(static_cast<size_t>(ln)), lv(lm.size());
-      train::TensorParallel::slice(*local, lm.data(), *whole, m.data());
-      train::TensorParallel::slice(*local, lv.data(), *whole, v.data());
+      parallel::TensorParallel::slice(*local, lm.data(), *whole, m.data());
+      parallel::TensorParallel::slice(*local, lv.data(), *whole, v.data());
       const Segments segs{fsdp == 0 ? FlatRange{0, cut} : FlatRange{cut, ln - cut}};
       const int64_t at = segs[0].begin;
       written.push_back(ck.write_shard(tmp, 2 * fsdp + tp, 4, segs, *local, nullptr, lm.data() + at,
@@ -236,8 +236,8 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
     std::vector<float> lm(static_cast<size_t>(ln), 9.0f), lv(lm.size(), 9.0f), wm(lm.size()),
         wv(lm.size());
     ASSERT_TRUE(Checkpointer(c).load(*got, lm.data(), lv.data()).has_value());
-    train::TensorParallel::slice(*want, wm.data(), *whole, m.data());
-    train::TensorParallel::slice(*want, wv.data(), *whole, v.data());
+    parallel::TensorParallel::slice(*want, wm.data(), *whole, m.data());
+    parallel::TensorParallel::slice(*want, wv.data(), *whole, v.data());
     EXPECT_EQ(std::memcmp(got->param_data(), want->param_data(), static_cast<size_t>(ln) * 4), 0);
     EXPECT_EQ(lm, wm);
     EXPECT_EQ(lv, wv);

@@ -8,7 +8,7 @@
 #include "titan/core/error.h"
 #include "titan/models/qwen3/modules.h"
 #include "titan/models/qwen3/spec.h"
-#include "titan/train/check_kernel.h"
+#include "titan/tools/check_kernel.h"
 #include "titan/train/trainer.h"
 
 namespace titan::plugin {
@@ -312,7 +312,7 @@ TEST(Plugin, ExampleExpertsKernelReplacesEveryMoeLayer) {
     EXPECT_NEAR(a.loss, b.loss, 1e-5 * a.loss);
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4 * a.grad_norm);
   }
-  EXPECT_TRUE(train::check_kernels(c));
+  EXPECT_TRUE(tools::check_kernels(c));
   Registry::global().reset();
 }
 

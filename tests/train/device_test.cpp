@@ -39,9 +39,9 @@
 #include "titan/ops/rope_op.h"
 #include "titan/optim/kernels.h"
 #include "titan/plugin/registry.h"
-#include "titan/train/check_kernel.h"
+#include "titan/tools/check_kernel.h"
 #include "titan/train/evaluate.h"
-#include "titan/train/memory_plan.h"
+#include "titan/tools/memory_plan.h"
 #include "titan/train/trainer.h"
 
 namespace titan::train {
@@ -467,7 +467,7 @@ std::pair<std::unique_ptr<models::Model>, std::unique_ptr<models::Model>> cpu_an
 TEST(DeviceTraining, FsdpPlanCountsWhatTheDeviceGivesBack) {
   register_hostdev();
   register_device("hostwhole", false);
-  auto has = [](const MemoryPlan& p, const std::string& what) {
+  auto has = [](const tools::MemoryPlan& p, const std::string& what) {
     for (const auto& l : p.lines)
       if (l.what.find(what) != std::string::npos) return true;
     return false;
@@ -476,7 +476,7 @@ TEST(DeviceTraining, FsdpPlanCountsWhatTheDeviceGivesBack) {
     config::JobConfig c = job(device, true, true);
     c.parallelism.data_parallel_shard_degree = 4;
     c.checkpoint.initial_load_path = "/nonexistent/step-1";  // native weights: read whole first
-    const MemoryPlan p = plan_memory(c);
+    const tools::MemoryPlan p = tools::plan_memory(c);
     EXPECT_EQ(has(p, "gathered: head group + 2 largest units"), device != "hostwhole")
         << device << "\n"
         << p.format();
@@ -602,9 +602,9 @@ TEST(DeviceCheckKernel, ComparesTheDevicesOpsWithTheCpuOnes) {
   config::JobConfig c = job("hostdev", true, false);
   c.model.load_balance_coeff = 0;
   c.model.router_aux_loss = false;
-  EXPECT_TRUE(check_kernels(c));
+  EXPECT_TRUE(tools::check_kernels(c));
   c.override_.imports = std::string(TITAN_PLUGIN_DIR) + "/libtitan_token_experts.so";
-  const std::string e = titan::testing::error_of([&] { check_kernels(c); });
+  const std::string e = titan::testing::error_of([&] { tools::check_kernels(c); });
   EXPECT_NE(e.find("'token_experts' is registered for hostdev/float32"), std::string::npos) << e;
 }
 

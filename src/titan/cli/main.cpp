@@ -19,10 +19,10 @@
 #include "titan/infer/generate.h"
 #include "titan/models/registry.h"
 #include "titan/plugin/registry.h"
-#include "titan/train/check_kernel.h"
+#include "titan/tools/check_kernel.h"
+#include "titan/tools/memory_plan.h"
+#include "titan/tools/plot.h"
 #include "titan/train/evaluate.h"
-#include "titan/train/memory_plan.h"
-#include "titan/train/plot.h"
 #include "titan/train/trainer.h"
 
 namespace {
@@ -245,14 +245,14 @@ int run(std::vector<std::string> args) {
         throw titan::Error("titan plot: unknown argument '" + args[i] +
                            "'; usage: titan plot DIR [--output F.svg] [--title TEXT]");
     }
-    titan::train::plot_metrics(dir + "/metrics.jsonl", out, title);
+    titan::tools::plot_metrics(dir + "/metrics.jsonl", out, title);
     std::printf("wrote %s\n", out.c_str());
     return 0;
   }
   if (cmd == "tokenize") return tokenize(args);
   if (cmd == "plan") {
     titan::config::JobConfig cfg = build_config(args, cmd);
-    const titan::train::MemoryPlan plan = titan::train::plan_memory(cfg);
+    const titan::tools::MemoryPlan plan = titan::tools::plan_memory(cfg);
     std::printf("%s", plan.format().c_str());
     // against the machine's memory, or the device's where it can be queried
     const int64_t have = plan.device == "cpu" ? titan::cpu::total_memory_bytes() : plan.capacity;
@@ -260,7 +260,7 @@ int run(std::vector<std::string> args) {
   }
   if (cmd == "check-kernel") {
     titan::config::JobConfig cfg = build_config(args, cmd);
-    return titan::train::check_kernels(cfg) ? 0 : 1;
+    return titan::tools::check_kernels(cfg) ? 0 : 1;
   }
   if (cmd == "config") {
     titan::check(!args.empty(), "titan config needs 'show' or 'list'");

@@ -20,8 +20,8 @@
 #include "titan/ops/backend.h"
 #include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
-#include "titan/train/expert_parallel.h"
-#include "titan/train/memory_plan.h"
+#include "titan/parallel/expert_parallel.h"
+#include "titan/tools/memory_plan.h"
 #include "titan/train/weights_check.h"
 
 namespace titan::train {
@@ -180,15 +180,15 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
 
   // The memory plan, before anything large is allocated: refuse what cannot fit.
-  const MemoryPlan plan = plan_memory(cfg_, *shape, dims_);
-  check_fits(plan);
+  const tools::MemoryPlan plan = tools::plan_memory(cfg_, *shape, dims_);
+  tools::check_fits(plan);
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
   bo.allocate = bo.log_overrides = true;
   if (dims_.ep > 1) {  // the dispatch around each MoE layer's experts op, over the EP group
-    ep_buffers_ = dispatch_buffers();
+    ep_buffers_ = parallel::dispatch_buffers();
     bo.wrap_experts = [this](ops::GroupedExpertsOp op) {
-      return expert_parallel(std::move(op), *mesh_.ep, ep_buffers_, ep_rows_.get());
+      return parallel::expert_parallel(std::move(op), *mesh_.ep, ep_buffers_, ep_rows_.get());
     };
   }
   bo.init = !dims_.sharded();  // FSDP initializes unit by unit (below), never the whole model
@@ -205,7 +205,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.sharded = dims_.sharded();  // FSDP: on a GPU the flat buffers take memory unit by unit
   model_ = models::build_model(cfg_, bo);
   if (dims_.tp > 1) {
-    tp_ = std::make_unique<TensorParallel>(*mesh_.tp, tp_data_.get(), backend.memory());
+    tp_ = std::make_unique<parallel::TensorParallel>(*mesh_.tp, tp_data_.get(), backend.memory());
     model_->set_tp_hooks(tp_.get());
   }
   const bool lora = model_->frozen_base() != nullptr;
@@ -230,7 +230,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
   const int64_t n = model_->num_params();
   if (dims_.sharded())
-    fsdp_ = std::make_unique<Fsdp>(
+    fsdp_ = std::make_unique<parallel::Fsdp>(
         *model_, backend, fsdp_group_ ? *fsdp_group_ : *mesh_.fsdp,
         cfg_.parallelism.fsdp_reshard_after_forward, t.mixed_precision_param == "bfloat16",
         dims_.ep > 1 ? (efsdp_group_ ? efsdp_group_.get() : mesh_.efsdp.get()) : nullptr);
@@ -396,8 +396,9 @@ void Trainer::export_sliced(const ckpt::TrainState& st, bool last) {
   models::Model& w = whole_model();
   const models::Model& local = *model_;
   if (fsdp_) fsdp_->gather_all();  // this rank's slice whole
-  TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, local.param_data(), w, w.param_data());
-  TensorParallel::copy_buffers(local, w);
+  parallel::TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, local.param_data(), w,
+                                   w.param_data());
+  parallel::TensorParallel::copy_buffers(local, w);
   if (fsdp_) fsdp_->reshard_all();
   if (rank0()) checkpointer_->maybe_save(st, last, w, nullptr, nullptr);
   whole_.reset();
@@ -422,7 +423,8 @@ StepResult Trainer::step() {
   };
   const int64_t ep0 = ep_sent(), tp0 = tp_sent();
   const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
-  const DispatchSeconds ep_t0 = ep_buffers_ ? dispatch_seconds(*ep_buffers_) : DispatchSeconds{};
+  const parallel::DispatchSeconds ep_t0 =
+      ep_buffers_ ? parallel::dispatch_seconds(*ep_buffers_) : parallel::DispatchSeconds{};
   if (fsdp_)
     fsdp_->begin_step();  // the model's gradients are already zero (given back by each unit)
   else
@@ -477,7 +479,7 @@ StepResult Trainer::step() {
   tp_comm_bytes_ += tp_sent() - tp0;
   if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
   if (ep_buffers_) {
-    const DispatchSeconds t1 = dispatch_seconds(*ep_buffers_);
+    const parallel::DispatchSeconds t1 = parallel::dispatch_seconds(*ep_buffers_);
     ep_seconds_.exchange += t1.exchange - ep_t0.exchange;
     ep_seconds_.experts += t1.experts - ep_t0.experts;
   }
@@ -810,7 +812,7 @@ void Trainer::train() {
                 p.fqn.compare(p.fqn.size() - tail.size(), tail.size(), tail) == 0;
     }
     const double steps = static_cast<double>(step_ - first_step_);
-    TpMoe moe;  // the routing weights' shape [T, top_k], the gate's [E, D]
+    parallel::TpMoe moe;  // the routing weights' shape [T, top_k], the gate's [E, D]
     moe.is_moe.assign(static_cast<size_t>(layers), false);
     for (const auto& p : model_->params())
       if (p.fqn.find(".moe.router.gate.") != std::string::npos) {
@@ -822,7 +824,7 @@ void Trainer::train() {
       if (e.name.find("moe.router.weights") != std::string::npos) moe.top_k = e.shape[1];
     moe.ep_local = dims_.ep > 1;
     moe.aux = model_->aux_loss_coef().has_value();
-    const double theory = TensorParallel::theory_bytes(
+    const double theory = parallel::TensorParallel::theory_bytes(
         cfg_, dims_.tp, layers, D, d, t.local_batch_size * t.seq_len, grad_accum_, moe);
     const double sent = static_cast<double>(tp_comm_bytes_) / steps;
     char buf[320];
@@ -837,8 +839,8 @@ void Trainer::train() {
   if (dims_.batch() > 1 && step_ > first_step_) {
     // Bytes this rank sent in the step's parameter gathers and gradient reductions, per step,
     // against the ring-algorithm volume of the layout: FSDP's per-unit all-gathers and
-    // reduce-scatters within the shard group (Fsdp::theory_bytes_per_step), the all-reduce
-    // across R replicas 2·(R−1)/R of the shard's bytes (the norm's scalar is left out).
+    // reduce-scatters within the shard group (parallel::Fsdp::theory_bytes_per_step), the
+    // all-reduce across R replicas 2·(R−1)/R of the shard's bytes (the norm's scalar is left out).
     const double steps = static_cast<double>(step_ - first_step_);
     const double R = static_cast<double>(dims_.dp_replicate);
     const double shard =
@@ -853,7 +855,7 @@ void Trainer::train() {
                   sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
     log::info(buf);
     if (dims_.ep > 1) {
-      const DispatchSeconds& t = ep_seconds_;
+      const parallel::DispatchSeconds& t = ep_seconds_;
       std::snprintf(buf, sizeof buf,
                     "Expert parallelism per step and rank: %.3f MiB sent in the token dispatch "
                     "and combine (4 all-to-alls of the routed rows per MoE layer and microbatch), "

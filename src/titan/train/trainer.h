@@ -19,10 +19,10 @@
 #include "titan/optim/adamw.h"
 #include "titan/optim/kernels.h"
 #include "titan/optim/lr_schedule.h"
-#include "titan/train/expert_parallel.h"
-#include "titan/train/fsdp.h"
+#include "titan/parallel/expert_parallel.h"
+#include "titan/parallel/fsdp.h"
+#include "titan/parallel/tensor_parallel.h"
 #include "titan/train/metrics.h"
-#include "titan/train/tensor_parallel.h"
 #include "titan/train/validator.h"
 
 namespace titan::train {
@@ -73,13 +73,13 @@ class Trainer {
   dist::Meshes mesh_;
   int64_t step_comm_bytes_ = 0;  // sent by the step's fsdp/replicate collectives so far
   int64_t ep_comm_bytes_ = 0;
-  std::shared_ptr<DispatchBuffers> ep_buffers_;  // expert parallelism's (null without)
-  DispatchSeconds ep_seconds_;                   // their time in the steps so far
+  std::shared_ptr<parallel::DispatchBuffers> ep_buffers_;  // expert parallelism's (null without)
+  parallel::DispatchSeconds ep_seconds_;                   // their time in the steps so far
   // Tensor parallelism (tp > 1): the tp group's hooks; the whole model the model-only export
   // goes through (weights only, built when needed and dropped after); the steps' bytes and
   // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
   // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
-  std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<parallel::TensorParallel> tp_;
   // Parallelism on a device: the replicate, fsdp, efsdp, ep and tp groups over its memory (NCCL
   // on GPUs; dist/device_group.h), for the gradients, parameters, dispatched rows and
   // activations (the host groups keep the scalars: token counts, losses, norms, expert counts).
@@ -97,7 +97,7 @@ class Trainer {
   bool sliced() const { return dims_.tp > 1 || dims_.ep > 1; }
   void export_sliced(const ckpt::TrainState& st, bool last);
   std::unique_ptr<models::Model> model_;
-  std::unique_ptr<Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
+  std::unique_ptr<parallel::Fsdp> fsdp_;  // dp_shard > 1: the model's parameters sharded (ZeRO-3)
   std::unique_ptr<data::PackedLoader> loader_;
   std::unique_ptr<Validator> validator_;  // when validator.enable
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;

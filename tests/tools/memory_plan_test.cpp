@@ -2,7 +2,7 @@
 // shapes (debugmodel 4x256 in bf16 and fp32, with and without full AC; debugmodel_moe 2x128; a
 // 2-layer model of Qwen3-0.6B's widths at 1x2048 in bf16 with full AC), and titan train refuses a
 // plan that cannot fit.
-#include "titan/train/memory_plan.h"
+#include "titan/tools/memory_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include "titan/models/registry.h"
 #include "titan/train/trainer.h"
 
-namespace titan::train {
+namespace titan::tools {
 namespace {
 using testing::error_of;
 using testing::fresh_temp_dir;
@@ -28,7 +28,7 @@ void expect_plan_matches_peak(config::JobConfig c) {
   c.training.steps = 2;
   c.metrics.log_freq = 1;
   const MemoryPlan plan = plan_memory(c);
-  Trainer t(c);
+  train::Trainer t(c);
   t.train();
   const double peak = static_cast<double>(cpu::peak_rss_bytes());
   const double planned = static_cast<double>(plan.total());
@@ -79,7 +79,7 @@ TEST(MemoryPlan, TrainRefusesAPlanThatCannotFit) {
   config::JobConfig c = config::make_config("qwen3_debugmodel");
   c.training.local_batch_size = 4096;  // ~600 GiB of activations: nothing is allocated
   c.dump_folder = fresh_temp_dir("memory_plan_big");
-  const std::string e = error_of([&] { Trainer t(c); });
+  const std::string e = error_of([&] { train::Trainer t(c); });
   EXPECT_NE(e.find("the run needs"), std::string::npos) << e;
   EXPECT_NE(e.find("this machine has"), std::string::npos) << e;
 }
@@ -199,4 +199,4 @@ TEST(MemoryPlan, TrainingRefusesWhatIsNotImplementedWithOneLine) {
 }
 
 }  // namespace
-}  // namespace titan::train
+}  // namespace titan::tools

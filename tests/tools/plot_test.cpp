@@ -2,7 +2,7 @@
 // series through every point (training loss, validation loss, learning rate), a marker per
 // validation, axis labels and a legend; a well-formed document (checked by parsing it as XML
 // with a strict reader where xmllint exists). Bad input: one error naming the file.
-#include "titan/train/plot.h"
+#include "titan/tools/plot.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "test_util.h"
 #include "titan/core/error.h"
 
-namespace titan::train {
+namespace titan::tools {
 namespace {
 
 using testing::count_of;
@@ -62,4 +62,4 @@ TEST(Plot, BadInputNamesTheFile) {
 }
 
 }  // namespace
-}  // namespace titan::train
+}  // namespace titan::tools

@@ -48,7 +48,7 @@
 #include "titan/models/model.h"
 #include "titan/ops/backend.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 class Fsdp final : public models::ParamHooks {
  public:
@@ -157,4 +157,4 @@ class Fsdp final : public models::ParamHooks {
   double comm_seconds_ = 0, exposed_seconds_ = 0;
 };
 
-}  // namespace titan::train
+}  // namespace titan::parallel

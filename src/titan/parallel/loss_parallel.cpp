@@ -1,7 +1,7 @@
 // Vocab-parallel lm_head + cross-entropy over a Communicator (loss_parallel.h).
-#include "titan/train/loss_parallel.h"
+#include "titan/parallel/loss_parallel.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 namespace {
 class GroupReducer final : public ops::RankReducer {
@@ -31,4 +31,4 @@ ops::LossSum lm_head_ce_vocab_parallel(const float* h, const float* w_local, Voc
   return r;
 }
 
-}  // namespace titan::train
+}  // namespace titan::parallel

@@ -1,4 +1,4 @@
-#include "titan/train/check_kernel.h"
+#include "titan/tools/check_kernel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,7 @@
 #include "titan/ops/router.h"
 #include "titan/plugin/registry.h"
 
-namespace titan::train {
+namespace titan::tools {
 namespace {
 
 // Host arrays copied into the memory of the device whose kernel runs (host memory for the CPU)
@@ -336,4 +336,4 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   return ok;
 }
 
-}  // namespace titan::train
+}  // namespace titan::tools

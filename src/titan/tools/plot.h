@@ -7,7 +7,7 @@
 #pragma once
 #include <string>
 
-namespace titan::train {
+namespace titan::tools {
 
 // Reads `metrics_jsonl` (training records: step, loss, lr; validation records: step,
 // validation_loss) and writes the SVG to `svg_out` (temporary name, then rename). Throws
@@ -15,4 +15,4 @@ namespace titan::train {
 void plot_metrics(const std::string& metrics_jsonl, const std::string& svg_out,
                   const std::string& title);
 
-}  // namespace titan::train
+}  // namespace titan::tools

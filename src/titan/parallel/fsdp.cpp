@@ -1,4 +1,4 @@
-#include "titan/train/fsdp.h"
+#include "titan/parallel/fsdp.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 Fsdp::Fsdp(models::Model& model, const ops::Backend& be, dist::Communicator& group,
            const std::string& policy, bool bf16_gather, dist::Communicator* expert_group)
@@ -282,4 +282,4 @@ double Fsdp::theory_bytes_per_step(int64_t microbatches) const {
   return bytes * static_cast<double>(microbatches);
 }
 
-}  // namespace titan::train
+}  // namespace titan::parallel

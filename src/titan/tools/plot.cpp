@@ -1,4 +1,4 @@
-#include "titan/train/plot.h"
+#include "titan/tools/plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
 
-namespace titan::train {
+namespace titan::tools {
 namespace {
 
 struct Series {
@@ -152,4 +152,4 @@ void plot_metrics(const std::string& path, const std::string& out, const std::st
   io::write_file_atomic(out, s.str());
 }
 
-}  // namespace titan::train
+}  // namespace titan::tools

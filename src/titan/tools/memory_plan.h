@@ -12,7 +12,7 @@
 #include "titan/dist/parallel_dims.h"
 #include "titan/models/model.h"
 
-namespace titan::train {
+namespace titan::tools {
 
 struct MemoryPlan {
   struct Line {
@@ -49,4 +49,4 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& plan_m
 // change) when the plan exceeds it.
 void check_fits(const MemoryPlan& plan);
 
-}  // namespace titan::train
+}  // namespace titan::tools

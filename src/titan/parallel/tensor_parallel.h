@@ -21,7 +21,7 @@
 #include "titan/dist/communicator.h"
 #include "titan/models/model.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 // The MoE layers of the model, for the volume: how many, top_k routing over `experts`, whether
 // EP runs over the tp ranks (the layers then route their own rows: Qwen3Model::moe_local) and
@@ -79,4 +79,4 @@ class TensorParallel final : public models::TpHooks {
   double seconds_ = 0;
 };
 
-}  // namespace titan::train
+}  // namespace titan::parallel

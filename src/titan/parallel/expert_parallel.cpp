@@ -1,6 +1,6 @@
 // Expert parallelism's dispatch and combine around a grouped-experts op (expert_parallel.h
 // states the maths and the order of the rows).
-#include "titan/train/expert_parallel.h"
+#include "titan/parallel/expert_parallel.h"
 
 #include <chrono>
 #include <map>
@@ -12,7 +12,7 @@
 #include "titan/core/error.h"
 #include "titan/ops/backend.h"
 
-namespace titan::train {
+namespace titan::parallel {
 namespace {
 
 // Grows b to at least n elements in mem's memory (contents dropped when it grows).
@@ -264,4 +264,4 @@ ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communi
   return op;
 }
 
-}  // namespace titan::train
+}  // namespace titan::parallel

@@ -11,11 +11,11 @@
 #pragma once
 #include "titan/config/job_config.h"
 
-namespace titan::train {
+namespace titan::tools {
 
 // Returns false when any difference exceeds the tolerance (RoPE: `tolerance`, default 0, bitwise,
 // on fp32 and on bf16 inputs as both compute in fp32; experts: as above) or when nothing was
 // checked.
 bool check_kernels(const config::JobConfig& cfg, double tolerance = 0.0);
 
-}  // namespace titan::train
+}  // namespace titan::tools

@@ -10,7 +10,7 @@
 //
 // LossParallelRanks.* run under mpirun (skipped otherwise); LossParallel.OnTwoAndThreeRanks
 // launches them on 2 and 3 ranks; LossParallel.OneProcess runs the same with a group of one.
-#include "titan/train/loss_parallel.h"
+#include "titan/parallel/loss_parallel.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@
 #include "../ops/reference_util.h"
 #include "test_util.h"
 
-namespace titan::train {
+namespace titan::parallel {
 namespace {
 
 using kernel_test::expect_close;
@@ -37,7 +37,7 @@ void check_on(dist::Communicator& c) {
   labels[5] = 0;
   labels[6] = static_cast<int32_t>(V - 1);
   for (int p = 2; p <= 3; ++p)
-    labels[size_t(6 + p)] = static_cast<int32_t>(vocab_shard(V, 1, p).begin);
+    labels[size_t(6 + p)] = static_cast<int32_t>(parallel::vocab_shard(V, 1, p).begin);
   const float scale = 1.0f / 35;
 
   for (int64_t chunk : {8, 64}) {
@@ -45,11 +45,11 @@ void check_on(dist::Communicator& c) {
     std::vector<float> s1(static_cast<size_t>(ops::lm_head_ce_scratch(T, V, chunk)));
     const ops::LossSum one = ops::lm_head_ce(h.data(), w.data(), labels.data(), T, D, V, chunk,
                                              scale, dh1.data(), dw1.data(), s1.data());
-    const VocabShard sh = vocab_shard(V, c.rank(), c.size());
+    const parallel::VocabShard sh = parallel::vocab_shard(V, c.rank(), c.size());
     std::vector<float> dh(h.size(), -1.f), dw(static_cast<size_t>(sh.rows * D), 0.f);
-    std::vector<float> s(static_cast<size_t>(lm_head_ce_vocab_parallel_scratch(T, sh.rows, chunk)));
+    std::vector<float> s(static_cast<size_t>(parallel::lm_head_ce_vocab_parallel_scratch(T, sh.rows, chunk)));
     const ops::LossSum got =
-        lm_head_ce_vocab_parallel(h.data(), w.data() + sh.begin * D, sh, V, labels.data(), T, D,
+        parallel::lm_head_ce_vocab_parallel(h.data(), w.data() + sh.begin * D, sh, V, labels.data(), T, D,
                                   chunk, scale, dh.data(), dw.data(), s.data(), c);
     const std::string what = "chunk " + std::to_string(chunk) + " rank " + std::to_string(c.rank());
     EXPECT_EQ(got.count, one.count) << what;
@@ -61,7 +61,7 @@ void check_on(dist::Communicator& c) {
         1e-5, 1e-6);
     // Loss only (no gradient): the same sum.
     const ops::LossSum fwd =
-        lm_head_ce_vocab_parallel(h.data(), w.data() + sh.begin * D, sh, V, labels.data(), T, D,
+        parallel::lm_head_ce_vocab_parallel(h.data(), w.data() + sh.begin * D, sh, V, labels.data(), T, D,
                                   chunk, 0.f, nullptr, nullptr, s.data(), c);
     EXPECT_EQ(fwd.sum, got.sum) << what;
   }
@@ -69,11 +69,11 @@ void check_on(dist::Communicator& c) {
 
 TEST(LossParallel, VocabShardsAsTorchShardsDimZero) {
   // torch.chunk of 101 rows in 3: 34, 34, 33; of 5 rows in 4: 2, 2, 1, 0.
-  EXPECT_EQ(vocab_shard(101, 2, 3).begin, 68);
-  EXPECT_EQ(vocab_shard(101, 2, 3).rows, 33);
-  EXPECT_EQ(vocab_shard(5, 2, 4).rows, 1);
-  EXPECT_EQ(vocab_shard(5, 3, 4).rows, 0);
-  EXPECT_EQ(vocab_shard(5, 3, 4).begin, 5);
+  EXPECT_EQ(parallel::vocab_shard(101, 2, 3).begin, 68);
+  EXPECT_EQ(parallel::vocab_shard(101, 2, 3).rows, 33);
+  EXPECT_EQ(parallel::vocab_shard(5, 2, 4).rows, 1);
+  EXPECT_EQ(parallel::vocab_shard(5, 3, 4).rows, 0);
+  EXPECT_EQ(parallel::vocab_shard(5, 3, 4).begin, 5);
 }
 
 TEST(LossParallel, OneProcess) {
@@ -93,4 +93,4 @@ TEST(LossParallel, OnTwoAndThreeRanks) {
 }
 
 }  // namespace
-}  // namespace titan::train
+}  // namespace titan::parallel

@@ -1,4 +1,4 @@
-#include "titan/train/memory_plan.h"
+#include "titan/tools/memory_plan.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "titan/ops/device.h"
 #include "titan/ops/gemm.h"
 
-namespace titan::train {
+namespace titan::tools {
 namespace {
 std::string gib(int64_t bytes) {
   char b[32];
@@ -255,4 +255,4 @@ void check_fits(const MemoryPlan& plan) {
             "(model.n_layers, model.dim)");
 }
 
-}  // namespace titan::train
+}  // namespace titan::tools

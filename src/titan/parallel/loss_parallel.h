@@ -10,7 +10,7 @@
 #include "titan/models/tensor_parallel.h"
 #include "titan/ops/loss.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 using VocabShard = models::ShardRange;
 inline VocabShard vocab_shard(int64_t V, int rank, int P) {
@@ -25,4 +25,4 @@ ops::LossSum lm_head_ce_vocab_parallel(const float* h, const float* w_local, Voc
                                        int64_t chunk_rows, float grad_scale, float* dh,
                                        float* dw_local, float* scratch, dist::Communicator& tp);
 
-}  // namespace titan::train
+}  // namespace titan::parallel

@@ -20,7 +20,7 @@
 // ExpertParallelRanks.* run under mpirun (skipped otherwise); ExpertParallel.OnTwoAndFourRanks
 // launches them on 2 and 4 ranks. ExpertParallel.OneProcess runs the same checks with a group of
 // one.
-#include "titan/train/expert_parallel.h"
+#include "titan/parallel/expert_parallel.h"
 
 #include <gtest/gtest.h>
 
@@ -33,7 +33,7 @@
 #include "test_util.h"
 #include "titan/core/error.h"
 
-namespace titan::train {
+namespace titan::parallel {
 namespace {
 
 using kernel_test::expect_close;
@@ -174,7 +174,7 @@ void check_on(dist::Communicator& c) {
       const Problem p = make_problem(T * P, E, K, D, F, routing, P, 7 + int(routing));
       std::vector<float> saved_one;
       const Result one = run(kernel, p, 0, T * P, saved_one);
-      const ops::GroupedExpertsOp ep = expert_parallel(kernel, c);
+      const ops::GroupedExpertsOp ep = parallel::expert_parallel(kernel, c);
       EXPECT_EQ(ep.name, kernel.name + "+ep" + std::to_string(P));
       ep.check({T * P, D, F, E, K});
       const int64_t before = c.bytes_sent();
@@ -193,10 +193,10 @@ void check_on(dist::Communicator& c) {
   const Result ra = run(kernel, a, 0, T * P, sa), rb = run(kernel, b, 0, T * P, sb);
   // One op per layer sharing the exchange buffers (as the trainer builds them), and one op
   // serving both layers.
-  const auto buffers = dispatch_buffers();
-  const ops::GroupedExpertsOp ep = expert_parallel(kernel, c, buffers),
-                              ep1 = expert_parallel(kernel, c, buffers),
-                              both = expert_parallel(kernel, c);
+  const auto buffers = parallel::dispatch_buffers();
+  const ops::GroupedExpertsOp ep = parallel::expert_parallel(kernel, c, buffers),
+                              ep1 = parallel::expert_parallel(kernel, c, buffers),
+                              both = parallel::expert_parallel(kernel, c);
   auto args = [&](const Problem& p, std::vector<float>& saved) {
     ops::ExpertsArgs ea;
     ea.s = {T, D, F, E, K};
@@ -256,7 +256,7 @@ TEST(ExpertParallelRanks, AgainstOneProcess) {
     GTEST_SKIP() << "runs under mpirun (ExpertParallel.OnTwoAndFourRanks)";
   dist::Communicator& c = dist::world();
   check_on(c);
-  const ops::GroupedExpertsOp ep = expert_parallel(ops::grouped_experts_op(), c);
+  const ops::GroupedExpertsOp ep = parallel::expert_parallel(ops::grouped_experts_op(), c);
   try {
     ep.check({4, 8, 8, 8 * c.size() + 1, 2});
     ADD_FAILURE() << "num_experts not divisible by ep accepted";
@@ -273,4 +273,4 @@ TEST(ExpertParallel, OnTwoAndFourRanks) {
 }
 
 }  // namespace
-}  // namespace titan::train
+}  // namespace titan::parallel

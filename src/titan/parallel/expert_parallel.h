@@ -42,7 +42,7 @@
 #include "titan/dist/communicator.h"
 #include "titan/ops/experts_op.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 // The exchange buffers of the dispatch: one set serves every layer of a model (the layers run
 // one after another), grown to the largest call.
@@ -66,4 +66,4 @@ ops::GroupedExpertsOp expert_parallel(ops::GroupedExpertsOp local, dist::Communi
                                       std::shared_ptr<DispatchBuffers> buffers = nullptr,
                                       dist::Communicator* rows_group = nullptr);
 
-}  // namespace titan::train
+}  // namespace titan::parallel

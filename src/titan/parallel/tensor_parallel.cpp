@@ -1,5 +1,5 @@
 // Tensor parallelism in the trainer (tensor_parallel.h).
-#include "titan/train/tensor_parallel.h"
+#include "titan/parallel/tensor_parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 
-namespace titan::train {
+namespace titan::parallel {
 
 namespace {
 struct Timed {
@@ -217,4 +217,4 @@ double TensorParallel::theory_bytes(const config::JobConfig& cfg, int64_t P, int
          counts;
 }
 
-}  // namespace titan::train
+}  // namespace titan::parallel
