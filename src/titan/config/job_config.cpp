@@ -116,7 +116,7 @@ void ParallelismConfig::visit(const FieldVisitor& f) {
   f("data_parallel_shard_degree", &data_parallel_shard_degree,
     "FSDP shards (-1: the ranks left over)");
   f("tensor_parallel_degree", &tensor_parallel_degree,
-    "tensor parallel degree (titan plan only; training: 1)");
+    "tensor parallel degree (each block's projections split over the TP ranks)");
   f("expert_parallel_degree", &expert_parallel_degree,
     "expert parallel degree (MoE experts split over ranks of the shard group)");
   f("enable_sequence_parallel", &enable_sequence_parallel,

@@ -48,8 +48,8 @@ struct TrainingConfig {
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
   std::string dtype = "float32";
-  // Where the model computes: cpu, or cuda (refused with the reason: no CUDA build, no GPU, and
-  // for now the model itself does not run there; ops/device.h).
+  // Where the model computes: cpu, or cuda (refused with the reason when titan was built without
+  // CUDA or no GPU is visible; ops/device.h).
   std::string device = "cpu";
   void visit(const FieldVisitor& f);
 };
