@@ -74,4 +74,17 @@ TEST(CliCheckpoint, ProblemsAreOneLine) {
                st + ": \"step\" must be a non-negative integer, got \"2\"", false);
 }
 
+// A LoRA run's Hugging Face save is the PEFT adapter, and the log says so.
+TEST(CliCheckpoint, LoraSaveIsLoggedAsTheAdapter) {
+  const std::string d = temp_dir() + "_lora";
+  const Result r = titan(
+      "train --config qwen3_debugmodel --training.steps 2 --lora.rank 4 "
+      "--checkpoint.enable --checkpoint.last_save_in_hf --dump_folder " +
+      d);
+  std::filesystem::remove_all(d);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Saved the LoRA adapter (float32, PEFT) to "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Saved the model"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -237,7 +237,14 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
                     " (nothing was left there): " + e.what());
       }
     }
-    log::info("Saved the model (" + k.export_dtype + (k.last_save_in_hf ? ", Hugging Face" : "") +
+    // A LoRA model's Hugging Face save without merging is its PEFT adapter alone.
+    const bool adapter = k.last_save_in_hf && !cfg_.lora.merge_on_export &&
+                         model.hf_weights_file() != "model.safetensors";
+    log::info(std::string(adapter ? "Saved the LoRA adapter (" : "Saved the model (") +
+              k.export_dtype +
+              (adapter             ? ", PEFT"
+               : k.last_save_in_hf ? ", Hugging Face"
+                                   : "") +
               ") to " + dst.string());
     return;
   }
