@@ -87,4 +87,16 @@ TEST(CliCheckpoint, LoraSaveIsLoggedAsTheAdapter) {
   EXPECT_EQ(r.out.find("Saved the model"), std::string::npos) << r.out;
 }
 
+// A run that loads nothing says that its weights are a seeded random init.
+TEST(CliCheckpoint, RandomInitIsLogged) {
+  const std::string d = temp_dir() + "_init";
+  const Result r = titan(
+      "train --config qwen3_debugmodel --training.steps 1 --debug.seed 5 "
+      "--dump_folder " +
+      d);
+  std::filesystem::remove_all(d);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Weights: random init with seed 5 "), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -256,6 +256,10 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                                  fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit);
     if (loaded) hm.send();
   }
+  if (!loaded && !initial)
+    log::info("Weights: random init with seed " + std::to_string(bo.seed) +
+              " (nothing to resume or load; a published model: --model.hf_assets_path DIR "
+              "--checkpoint.initial_load_in_hf)");
   if (rank0()) dist::world().barrier();
   if (fsdp_) {  // resumed: taken unit by unit; initial weights: read (HF: only the rank's
                 // slices), then sharded
