@@ -74,29 +74,27 @@ TEST(CliCheckpoint, ProblemsAreOneLine) {
                st + ": \"step\" must be a non-negative integer, got \"2\"", false);
 }
 
+// `titan train --config qwen3_debugmodel ARGS` in a fresh dump folder (removed after); its log.
+std::string train_log(const std::string& args) {
+  const std::string d = temp_dir() + "_train";
+  const Result r = titan("train --config qwen3_debugmodel " + args + " --dump_folder " + d);
+  std::filesystem::remove_all(d);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return r.out;
+}
+
 // A LoRA run's Hugging Face save is the PEFT adapter, and the log says so.
 TEST(CliCheckpoint, LoraSaveIsLoggedAsTheAdapter) {
-  const std::string d = temp_dir() + "_lora";
-  const Result r = titan(
-      "train --config qwen3_debugmodel --training.steps 2 --lora.rank 4 "
-      "--checkpoint.enable --checkpoint.last_save_in_hf --dump_folder " +
-      d);
-  std::filesystem::remove_all(d);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("Saved the LoRA adapter (float32, PEFT) to "), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("Saved the model"), std::string::npos) << r.out;
+  const std::string out = train_log(
+      "--training.steps 2 --lora.rank 4 --checkpoint.enable --checkpoint.last_save_in_hf");
+  EXPECT_NE(out.find("Saved the LoRA adapter (float32, PEFT) to "), std::string::npos) << out;
+  EXPECT_EQ(out.find("Saved the model"), std::string::npos) << out;
 }
 
 // A run that loads nothing says that its weights are a seeded random init.
 TEST(CliCheckpoint, RandomInitIsLogged) {
-  const std::string d = temp_dir() + "_init";
-  const Result r = titan(
-      "train --config qwen3_debugmodel --training.steps 1 --debug.seed 5 "
-      "--dump_folder " +
-      d);
-  std::filesystem::remove_all(d);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("Weights: random init with seed 5 "), std::string::npos) << r.out;
+  const std::string out = train_log("--training.steps 1 --debug.seed 5");
+  EXPECT_NE(out.find("Weights: random init with seed 5 "), std::string::npos) << out;
 }
 
 }  // namespace
