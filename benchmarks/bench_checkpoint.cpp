@@ -60,7 +60,8 @@ const std::string& checkpoint() {
     const auto& m = model();
     std::vector<titan::ckpt::WriteTensor> ts;
     for (const auto& p : m.params())
-      if (!p.alias) ts.push_back({p.fqn, titan::DType::F32, p.shape, m.param_data() + p.offset});
+      if (!p.alias)
+        ts.push_back({p.fqn, titan::DType::F32, p.shape, m.store().param_data() + p.offset});
     auto t0 = std::chrono::steady_clock::now();
     titan::ckpt::write_file((d / "model.safetensors").string(), ts);
     auto t1 = std::chrono::steady_clock::now();
@@ -133,7 +134,7 @@ void BM_load_previous(benchmark::State& state) {
     }
     titan::ckpt::SafetensorsSet set = titan::ckpt::SafetensorsSet::open(dir);
     for (const auto& p : m.params())
-      if (!p.alias) set.read_f32(p.fqn, p.shape, m.param_data() + p.offset);
+      if (!p.alias) set.read_f32(p.fqn, p.shape, m.store().param_data() + p.offset);
   }
   state.counters["all_threads_cpu_ms"] =
       (process_cpu_seconds() - cpu0) * 1e3 / static_cast<double>(state.iterations());

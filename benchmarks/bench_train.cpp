@@ -51,11 +51,11 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
   for (auto _ : state) {
     m.zero_grad();
     titan::ops::LossSum s = m.forward_backward(b, 1.0f / static_cast<float>(T));
-    double norm = std::sqrt(titan::optim::sum_squares(m.grad_data(), m.num_params()));
-    titan::optim::clip_by_norm(m.grad_data(), m.num_params(), norm, 1.0);
+    double norm = std::sqrt(titan::optim::sum_squares(m.store().grads(), m.num_params()));
+    titan::optim::clip_by_norm(m.store().grads(), m.num_params(), norm, 1.0);
     m.finish_step();  // MoE: the expert-bias update, as in training
-    titan::optim::adamw_step(m.param_data(), m.grad_data(), mom.data(), var.data(), m.num_params(),
-                             c, 8e-4f, ++step);
+    titan::optim::adamw_step(m.store().param_data(), m.store().grads(), mom.data(), var.data(),
+                             m.num_params(), c, 8e-4f, ++step);
     loss = s.sum / static_cast<double>(s.count);
   }
   const double fpt = m.flops_per_token(seq);

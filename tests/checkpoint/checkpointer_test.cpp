@@ -131,19 +131,19 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
   ASSERT_TRUE(fs::exists(step + "/shard-00002-of-00003.safetensors"));
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_EQ(json::parse(std::ifstream(step + "/" + kShardedIndexName)).at("version"), 1);
-  const std::vector<float> w(model.param_data(), model.param_data() + n);
+  const std::vector<float> w(model.store().param_data(), model.store().param_data() + n);
 
   // Into two ranks' ranges and into one process, after scrambling everything.
   for (const std::vector<int64_t>& split :
        {std::vector<int64_t>{n / 2 + 1, n - n / 2 - 1}, std::vector<int64_t>{n}}) {
     int64_t begin = 0;
     for (int64_t len : split) {
-      std::fill_n(model.param_data(), n, 7.0f);
+      std::fill_n(model.store().param_data(), n, 7.0f);
       std::vector<float> m2(static_cast<size_t>(len), 9.0f), v2(m2.size(), 9.0f);
       const auto loaded = Checkpointer(c).load(model, m2.data(), v2.data(), {{begin, len}});
       ASSERT_TRUE(loaded.has_value());
       EXPECT_EQ(loaded->step, 1);
-      EXPECT_EQ(std::memcmp(model.param_data(), w.data(), w.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(model.store().param_data(), w.data(), w.size() * 4), 0);
       EXPECT_EQ(std::memcmp(m2.data(), m.data() + begin, m2.size() * 4), 0);
       EXPECT_EQ(std::memcmp(v2.data(), v.data() + begin, v2.size() * 4), 0);
       begin += len;
@@ -190,7 +190,8 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
     so.init = false;
     so.tp = {tp_rank, 2, true};
     auto s = models::build_model(c, so);
-    parallel::TensorParallel::slice(*s, s->param_data(), *whole, whole->param_data());
+    parallel::TensorParallel::slice(*s, s->store().param_data(), *whole,
+                                    whole->store().param_data());
     return s;
   };
   Checkpointer ck(c);
@@ -218,10 +219,12 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
 
   // The whole model, after scrambling it.
   const auto again = models::build_model(c, o);
-  std::fill_n(again->param_data(), n, 7.0f);
+  std::fill_n(again->store().param_data(), n, 7.0f);
   std::vector<float> m2(m.size(), 9.0f), v2(m.size(), 9.0f);
   ASSERT_TRUE(Checkpointer(c).load(*again, m2.data(), v2.data()).has_value());
-  EXPECT_EQ(std::memcmp(again->param_data(), whole->param_data(), static_cast<size_t>(n) * 4), 0);
+  EXPECT_EQ(std::memcmp(again->store().param_data(), whole->store().param_data(),
+                        static_cast<size_t>(n) * 4),
+            0);
   EXPECT_EQ(m2, m);
   EXPECT_EQ(v2, v);
   // Each rank of TP 2 (the whole of its slice, no FSDP).
@@ -232,13 +235,15 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
     so.tp = {tp, 2, false};
     const auto got = models::build_model(c, so);
     const int64_t ln = got->num_params();
-    std::fill_n(got->param_data(), ln, 7.0f);
+    std::fill_n(got->store().param_data(), ln, 7.0f);
     std::vector<float> lm(static_cast<size_t>(ln), 9.0f), lv(lm.size(), 9.0f), wm(lm.size()),
         wv(lm.size());
     ASSERT_TRUE(Checkpointer(c).load(*got, lm.data(), lv.data()).has_value());
     parallel::TensorParallel::slice(*want, wm.data(), *whole, m.data());
     parallel::TensorParallel::slice(*want, wv.data(), *whole, v.data());
-    EXPECT_EQ(std::memcmp(got->param_data(), want->param_data(), static_cast<size_t>(ln) * 4), 0);
+    EXPECT_EQ(std::memcmp(got->store().param_data(), want->store().param_data(),
+                          static_cast<size_t>(ln) * 4),
+              0);
     EXPECT_EQ(lm, wm);
     EXPECT_EQ(lv, wv);
   }
@@ -310,7 +315,7 @@ TEST_P(HfRoundTrip, TrainExportImport) {
   }
   qwen3::Qwen3Model back(args, 1, 16);
   load_model_weights(back, out, true);
-  EXPECT_EQ(0, std::memcmp(back.param_data(), t.model().param_data(),
+  EXPECT_EQ(0, std::memcmp(back.store().param_data(), t.model().store().param_data(),
                            static_cast<size_t>(back.num_params()) * sizeof(float)));
 
   const std::string py = std::string(TITAN_SOURCE_DIR) + "/.venv/bin/python";

@@ -97,8 +97,8 @@ TEST_P(LoraParity, LogitsLossAndAdapterGradientsMatchPeft) {
   const config::JobConfig c = job(name, f.B, f.S);
   std::unique_ptr<Model> m = adapted(c);
   ASSERT_NE(m->frozen_base(), nullptr);
-  EXPECT_FALSE(m->frozen_base()->trainable());
-  EXPECT_EQ(m->frozen_base()->grad_data(), nullptr);  // no gradient buffer for the base
+  EXPECT_FALSE(m->frozen_base()->store().trainable());
+  EXPECT_EQ(m->frozen_base()->store().grads(), nullptr);  // no gradient buffer for the base
   const int64_t V = m->vocab_size(), T = f.B * f.S;
   auto exp = ckpt::SafetensorsSet::open(lora_dir(name) + "/expected.safetensors");
   Batch b{f.B, f.S, f.input.data(), f.labels.data(), f.positions.data()};
@@ -136,7 +136,7 @@ TEST_P(LoraParity, LogitsLossAndAdapterGradientsMatchPeft) {
     exp.read_f32("grad." + t.key, t.shape, g.data());
     double dd = 0, rr = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const double d = m->grad_data()[t.offset + i] - g[static_cast<size_t>(i)];
+      const double d = m->store().grads()[t.offset + i] - g[static_cast<size_t>(i)];
       dd += d * d;
       rr += static_cast<double>(g[static_cast<size_t>(i)]) * g[static_cast<size_t>(i)];
     }
@@ -185,9 +185,9 @@ TEST(Lora, FrozenBf16BaseKeepsOnlyTheCopyOfItsProjections) {
   Batch b{f.B, f.S, f.input.data(), f.labels.data(), f.positions.data()};
   std::vector<float> released(static_cast<size_t>(f.B * f.S * m->vocab_size()));
   m->forward_logits(b, released.data());
-  EXPECT_LT(base.master_bytes(), 4 * base.num_params() / 2);  // norms and embedding only
-  EXPECT_EQ(m->frozen_base_bytes(), base.master_bytes());
-  const float* w = base.param_data();  // widened back
+  EXPECT_LT(base.store().master_bytes(), 4 * base.num_params() / 2);  // norms and embedding only
+  EXPECT_EQ(m->frozen_base_bytes(), base.store().master_bytes());
+  const float* w = base.store().param_data();  // widened back
   std::vector<float> orig(static_cast<size_t>(base.num_params()));
   {
     config::JobConfig plain = c;
@@ -198,7 +198,7 @@ TEST(Lora, FrozenBf16BaseKeepsOnlyTheCopyOfItsProjections) {
     o.log_overrides = false;
     auto full = build_model(plain, o);
     ckpt::load_model_weights(*full, c.model.hf_assets_path, true);
-    std::copy_n(full->param_data(), full->num_params(), orig.begin());
+    std::copy_n(full->store().param_data(), full->num_params(), orig.begin());
   }
   // The untied lm_head (a projection: its bf16 copy widened) and the final norm (kept in fp32).
   const ParamInfo& head = base.param("lm_head.weight");

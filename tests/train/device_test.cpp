@@ -40,8 +40,8 @@
 #include "titan/optim/kernels.h"
 #include "titan/plugin/registry.h"
 #include "titan/tools/check_kernel.h"
-#include "titan/train/evaluate.h"
 #include "titan/tools/memory_plan.h"
+#include "titan/train/evaluate.h"
 #include "titan/train/trainer.h"
 
 namespace titan::train {
@@ -205,7 +205,7 @@ Trained train_steps(const config::JobConfig& c, int steps) {
     r.load.insert(r.load.end(), s.expert_load.begin(), s.expert_load.end());
   }
   const models::Model& m = t.model();
-  r.params.assign(m.param_data(), m.param_data() + m.num_params());
+  r.params.assign(m.store().param_data(), m.store().param_data() + m.num_params());
   for (const auto& [base, range] : g_reserved)
     r.reserved_pages += static_cast<int64_t>(range.committed.size());
   r.peak_pages = g_peak_committed_pages;
@@ -504,12 +504,12 @@ TEST(DeviceModel, HostCopyOfTheWeightsFollowsBothSides) {
   };
   EXPECT_EQ(logits(*cpu), logits(*dev));
   const int64_t at = cpu->param("norm.weight").offset;
-  cpu->param_data()[at] = 3.0f;  // written on the host: sent before the next pass
-  dev->param_data()[at] = 3.0f;
+  cpu->store().param_data()[at] = 3.0f;  // written on the host: sent before the next pass
+  dev->store().param_data()[at] = 3.0f;
   EXPECT_EQ(logits(*cpu), logits(*dev));
-  dev->device_param_data()[at] = 5.0f;  // written on the device: fetched when read
-  EXPECT_EQ(static_cast<const models::Model&>(*dev).param_data()[at], 5.0f);
-  cpu->param_data()[at] = 5.0f;
+  dev->store().device_param_data()[at] = 5.0f;  // written on the device: fetched when read
+  EXPECT_EQ(static_cast<const models::Model&>(*dev).store().param_data()[at], 5.0f);
+  cpu->store().param_data()[at] = 5.0f;
   EXPECT_EQ(logits(*cpu), logits(*dev));
 }
 

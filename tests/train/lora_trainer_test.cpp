@@ -55,7 +55,7 @@ std::vector<float> base_weights_on_disk(const config::JobConfig& c) {
   plain.lora.rank = 0;
   auto m = build(plain, c.training.local_batch_size, c.training.seq_len);
   ckpt::load_model_weights(*m, kBase, true);
-  return {m->param_data(), m->param_data() + m->num_params()};
+  return {m->store().param_data(), m->store().param_data() + m->num_params()};
 }
 
 // Logits of the first rows of the fox documents as tokens (byte ids), [B·S, V].
@@ -81,7 +81,8 @@ TEST(LoraTraining, BaseStaysFrozenLossFallsAndCheckpointsResumeBitwise) {
     ASSERT_NE(t.model().frozen_base(), nullptr);
     for (int i = 0; i < 6; ++i) whole.push_back(t.step().loss);
     models::Model& base = *t.model().frozen_base();
-    EXPECT_EQ(std::vector<float>(base.param_data(), base.param_data() + base.num_params()),
+    EXPECT_EQ(std::vector<float>(base.store().param_data(),
+                                 base.store().param_data() + base.num_params()),
               base_weights_on_disk(c));  // bitwise: no update reached the base
   }
   EXPECT_LT(whole.back(), whole.front());
@@ -174,7 +175,7 @@ TEST(LoraTraining, MergedExportEqualsTheAdaptedModel) {
     t.train();
     adapted = logits_of(t.model(), B, S, &ids);
     models::Model& base = *t.model().frozen_base();
-    base_after.assign(base.param_data(), base.param_data() + base.num_params());
+    base_after.assign(base.store().param_data(), base.store().param_data() + base.num_params());
   }
   EXPECT_EQ(base_after, base_weights_on_disk(c));  // merging gave the base its bits back
   const std::string out = dir + "/checkpoint/step-3";

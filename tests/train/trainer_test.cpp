@@ -63,7 +63,7 @@ TEST(Trainer, GradientAccumulationMatchesOneLargeBatch) {
 TEST(Trainer, NonFiniteLossStopsBeforeTheUpdate) {
   Trainer t(small(), docs());
   t.step();
-  float* p = t.model().param_data();
+  float* p = t.model().store().param_data();
   const int64_t n = t.model().num_params();
   p[t.model().param("norm.weight").offset] = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> before(p, p + n);
@@ -93,7 +93,7 @@ TEST(Trainer, NonFiniteLossStopsBeforeTheUpdate) {
 // the weights are at fault, and the message says so.
 TEST(Trainer, NonFiniteInitialWeightsAreNamedNotTheLearningRate) {
   Trainer t(small(), docs());
-  t.model().param_data()[t.model().param("norm.weight").offset] =
+  t.model().store().param_data()[t.model().param("norm.weight").offset] =
       std::numeric_limits<float>::infinity();
   const std::string msg = titan::testing::error_of([&] { t.step(); });
   EXPECT_NE(msg.find("the initial weights from the seeded random init hold 1 non-finite value(s) "

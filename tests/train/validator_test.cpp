@@ -90,7 +90,7 @@ TEST(Validator, NonFiniteLossIsAnErrorNamingTheWeights) {
   c.validator.dataset_path = validation_file("val_nan", 10);
   Trainer t(c, docs());
   t.step();
-  t.model().param_data()[t.model().param("norm.weight").offset] =
+  t.model().store().param_data()[t.model().param("norm.weight").offset] =
       std::numeric_limits<float>::quiet_NaN();
   const std::string msg = titan::testing::error_of([&] { t.validate(); });
   EXPECT_NE(msg.find("step 1: the validation loss on validator.dataset_path"), std::string::npos)

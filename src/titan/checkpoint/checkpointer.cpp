@@ -295,7 +295,7 @@ json Checkpointer::write_shard(const std::string& tmp, int64_t writer, int64_t w
   for (const Slice& sl : slices_in(model, segs)) {
     if (!with_replicated && sl.p->split_dim < 0) continue;
     const std::vector<int64_t> shape{sl.end - sl.begin};
-    const float* w = params ? params + sl.at : model.param_data() + sl.p->offset + sl.begin;
+    const float* w = params ? params + sl.at : model.store().param_data() + sl.p->offset + sl.begin;
     tensors.push_back({sl.p->fqn, DType::F32, shape, w});
     tensors.push_back({"exp_avg." + sl.p->fqn, DType::F32, shape, exp_avg + sl.at});
     tensors.push_back({"exp_avg_sq." + sl.p->fqn, DType::F32, shape, exp_avg_sq + sl.at});

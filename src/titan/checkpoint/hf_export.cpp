@@ -64,7 +64,7 @@ void HfPart::add_unit(const models::Model& model, int64_t unit, const std::strin
     if (model.param(t.fqn).group != unit) continue;
     const int64_t n = numel_of(t.shape);
     storage_.emplace_back(static_cast<size_t>(n) * dtype_size(dt));
-    f32_to(dt, model.param_data() + t.offset, n, storage_.back().data());
+    f32_to(dt, model.store().param_data() + t.offset, n, storage_.back().data());
     tensors_.push_back({t.key, dt, t.shape, storage_.back().data()});
   }
 }

@@ -64,11 +64,12 @@ std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, boo
     out.push_back({key, dt, shape, data});
   };
   if (hf_keys) {
-    for (const auto& t : model.hf_tensors()) add(t.key, t.shape, model.param_data() + t.offset);
+    for (const auto& t : model.hf_tensors())
+      add(t.key, t.shape, model.store().param_data() + t.offset);
     return out;
   }
   for (const auto& p : model.params())
-    if (!p.alias) add(p.fqn, p.shape, model.param_data() + p.offset);
+    if (!p.alias) add(p.fqn, p.shape, model.store().param_data() + p.offset);
   for (const auto& b : model.buffers()) add(b.fqn, b.shape, b.data);  // MoE expert bias
   return out;
 }
@@ -153,7 +154,7 @@ void read_weights_held(models::Model& model, const SafetensorsSet& weights, cons
   }
   check_params_present(model, weights, dir);
   for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
-    read_held(weights, p.fqn, p, 0, p.numel, model.param_data() + p.offset);
+    read_held(weights, p.fqn, p, 0, p.numel, model.store().param_data() + p.offset);
   });
   for (const auto& b : model.buffers())
     if (weights.find(b.fqn)) weights.read_f32(b.fqn, b.shape, b.data);
@@ -181,7 +182,7 @@ void read_weights(models::Model& model, const SafetensorsSet& set, const std::st
   check_params_present(model, set, path);
   std::vector<Want> wants;
   for (const auto& p : model.params())
-    if (!p.alias) wants.push_back({p.fqn, p.shape, model.param_data() + p.offset});
+    if (!p.alias) wants.push_back({p.fqn, p.shape, model.store().param_data() + p.offset});
   for (const auto& b : model.buffers())  // absent in a model-only export: stays zero
     if (set.find(b.fqn)) wants.push_back({b.fqn, b.shape, b.data});
   read_native(set, wants, sums);
@@ -218,7 +219,8 @@ void load_model_and_adapter(models::Model& model, const std::string& path, bool 
                             const std::string& adapter_path) {
   models::Model* base = model.frozen_base();
   load_model_weights(base ? *base : model, path, hf);
-  if (base) base->release_masters();  // frozen under bf16: the projections as their copy only
+  if (base)
+    base->store().release_masters();  // frozen under bf16: the projections as their copy only
   if (adapter_path.empty()) return;
   check(base != nullptr,
         "lora.adapter_path '" + adapter_path + "' given to a model without adapters");

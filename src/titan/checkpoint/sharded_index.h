@@ -33,7 +33,7 @@ int64_t numel_of(const std::vector<int64_t>& shape);
 // fn(p) for every (non-alias) parameter; with unit_done, unit by unit, unit_done(u) after each.
 template <typename Fn>
 void for_each_unit(const models::Model& model, const UnitDone& unit_done, Fn&& fn) {
-  const int64_t units = unit_done ? static_cast<int64_t>(model.param_units().size()) : 1;
+  const int64_t units = unit_done ? static_cast<int64_t>(model.store().units().size()) : 1;
   for (int64_t u = 0; u < units; ++u) {
     for (const auto& p : model.params())
       if (!p.alias && (!unit_done || p.group == u)) fn(p);
@@ -100,7 +100,7 @@ class ShardedDir {
   // buffers (those the index has).
   void read_weights(models::Model& model, const UnitDone& unit_done = {}) const {
     for_each_unit(model, unit_done, [&](const models::ParamInfo& p) {
-      read_held(p.fqn, p, 0, p.numel, model.param_data() + p.offset);
+      read_held(p.fqn, p, 0, p.numel, model.store().param_data() + p.offset);
     });
     for (const auto& b : model.buffers())
       if (has(b.fqn)) read(b.fqn, b.shape, 0, numel_of(b.shape), b.data);

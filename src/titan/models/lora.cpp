@@ -113,10 +113,9 @@ LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool all
   }
   check(!ad_.empty(), "lora.target_modules '" + o.target_modules +
                           "' matches no projection of the model; use wq,wk,wv,wo,w1,w2,w3");
-  n_params_ = off;
+  store_.emplace(ParamStore::Layout{off, param_units(params_), 0, {}}, ParamStore::Options{}, be_);
   if (!allocate) return;
-  params_buf_.resize(off, be_.memory());
-  grads_buf_.resize(off, be_.memory());
+  store_->allocate();
   init_weights(o.seed);
   base_->set_linear_hooks(this);
 }
@@ -126,7 +125,7 @@ LoraModel::~LoraModel() {
 }
 
 void LoraModel::init_weights(uint64_t seed, float /*std*/, int64_t /*unit*/) {
-  float* P = params_buf_.host_writable();
+  float* P = store_->param_data();
   for (size_t i = 0; i < ad_.size(); ++i) {
     const Adapter& a = ad_[i];
     float* A = P + a.a;
@@ -140,7 +139,7 @@ void LoraModel::init_weights(uint64_t seed, float /*std*/, int64_t /*unit*/) {
 }
 
 ops::LossSum LoraModel::forward_backward(const Batch& b, float grad_scale, float aux_weight) {
-  params_buf_.sync_device();
+  store_->sync_device();
   training_ = true;
   ++pass_;
   try {
@@ -175,7 +174,7 @@ const float* LoraModel::dropped(size_t i, const float* x, int64_t M, int64_t in)
 
 void LoraModel::forward(int64_t w, const float* x, float* y, int64_t M, int64_t in, int64_t out) {
   const int64_t r = o_.rank;
-  const float* P = params_buf_.data();
+  const float* P = store_->weights();
   for (const auto& [i, col] : block(w, in, out)) {
     const Adapter& a = ad_[i];
     grow(&u_, M * r);
@@ -190,8 +189,8 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
                          int64_t in, int64_t out) {
   if (!training_) return;
   const int64_t r = o_.rank;
-  const float* P = params_buf_.data();
-  float* G = grads_buf_.data();
+  const float* P = store_->weights();
+  float* G = store_->grads();
   for (const auto& [i, col] : block(w, in, out)) {
     const Adapter& a = ad_[i];
     grow(&u_, M * r);
@@ -213,14 +212,14 @@ void LoraModel::backward(int64_t w, const float* dy, const float* x, float* dx, 
 }
 
 void LoraModel::merge_adapters(bool merge) {
-  float* W = base_->param_data();  // the host's (marks the base's compute copy stale)
-  const float* P = params_buf_.host();
+  float* W = base_->store().param_data();  // the host's (marks the base's compute copy stale)
+  const float* P = std::as_const(*store_).param_data();
   const int64_t r = o_.rank;
   if (!merge) {
     for (size_t i = 0; i < unmerged_.size(); ++i)
       std::copy(unmerged_[i].begin(), unmerged_[i].end(), W + ad_[i].base_offset);
     unmerged_.clear();
-    base_->release_masters();  // under bf16: the projections as their copy again
+    base_->store().release_masters();  // under bf16: the projections as their copy again
     return;
   }
   check(unmerged_.empty(), "LoRA adapters are merged already");
@@ -281,7 +280,7 @@ void LoraModel::load_hf(const TensorSource& src, const std::string& where,
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
     throw Error(msg);
   }
-  float* P = params_buf_.host_writable();
+  float* P = store_->param_data();
   for (const auto& t : tensors) src.read_f32(t.key, t.shape, P + t.offset);
 }
 

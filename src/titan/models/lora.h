@@ -24,17 +24,17 @@
 // "base_model.model.<HF module>.lora_A.weight" / ".lora_B.weight" and adapter_config.json.
 // On a base built for a device (Model::device()), the adapters, their gradients and scratch live
 // in that device's memory too and run on its fp32 kernels (param_data(): the host copy of
-// models/model.h); the dropout masks are drawn there too (ops::dropout, the same bits).
+// models/param_store.h); the dropout masks are drawn there too (ops::dropout, the same bits).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "titan/core/buffer.h"
 #include "titan/core/rng.h"
-#include "titan/models/device_params.h"
 #include "titan/models/model.h"
 #include "titan/ops/backend.h"
 
@@ -65,31 +65,27 @@ class LoraModel final : public Model, public LinearHooks {
 
   // ---- parameters: the adapters
   const std::vector<ParamInfo>& params() const override { return params_; }
-  int64_t num_params() const override { return n_params_; }
-  int64_t compute_copy_bytes() const override { return base_->compute_copy_bytes(); }
-  float* param_data() override { return params_buf_.host_writable(); }
-  const float* param_data() const override { return params_buf_.host(); }
-  float* grad_data() override { return grads_buf_.data(); }
+  ParamStore& store() override { return *store_; }
+  const ParamStore& store() const override { return *store_; }
   std::string device() const override { return base_->device(); }
-  float* device_param_data() override { return params_buf_.for_device_update(); }
   std::vector<BufferInfo> buffers() const override { return base_->buffers(); }
   int64_t vocab_size() const override { return base_->vocab_size(); }
   // The adapters only (the base keeps its weights); unit is ignored.
   void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) override;
-  void zero_grad() override { grads_buf_.zero(); }
+  void zero_grad() override { store_->zero_grads(); }
   Model* frozen_base() override { return base_.get(); }
   int64_t frozen_base_weights() const override { return base_->num_params(); }
-  int64_t frozen_base_bytes() const override { return base_->master_bytes(); }
+  int64_t frozen_base_bytes() const override { return base_->store().master_bytes(); }
   void merge_adapters(bool merge) override;
 
   // ---- compute: the base's, with the adapters hooked into its linear layers
   ops::LossSum forward_backward(const Batch& b, float grad_scale, float aux_weight = 1.0f) override;
   ops::LossSum forward_loss(const Batch& b) override {
-    params_buf_.sync_device();
+    store_->sync_device();
     return base_->forward_loss(b);
   }
   void forward_logits(const Batch& b, float* out) override {
-    params_buf_.sync_device();
+    store_->sync_device();
     base_->forward_logits(b, out);
   }
   std::unique_ptr<KvCache> new_kv_cache(int64_t n_seq, int64_t max_len) override {
@@ -97,7 +93,7 @@ class LoraModel final : public Model, public LinearHooks {
   }
   int64_t forward_cached(KvCache& cache, const int32_t* tokens, const int32_t* seq, int64_t n,
                          float* logits) override {
-    params_buf_.sync_device();
+    store_->sync_device();
     return base_->forward_cached(cache, tokens, seq, n, logits);
   }
   int64_t max_new_per_call() const override { return base_->max_new_per_call(); }
@@ -151,12 +147,10 @@ class LoraModel final : public Model, public LinearHooks {
   LoraOptions o_;
   const ops::Backend& be_;  // fp32 kernels of the base's device
   float scale_ = 1;
-  int64_t n_params_ = 0;
   std::vector<std::string> leaves_;
   std::vector<Adapter> ad_;
   std::vector<ParamInfo> params_;
-  DeviceParams params_buf_;  // the adapters (and their host copy off the CPU)
-  Buffer<float> grads_buf_;
+  std::optional<ParamStore> store_;  // the adapters (and their host copy off the CPU), fp32
   std::unordered_map<int64_t, std::vector<std::pair<size_t, int64_t>>> blocks_;
   Buffer<float> u_, du_, xd_;  // [M, r], [M, r], [M, in] scratch
   bool training_ = false;

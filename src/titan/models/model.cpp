@@ -19,14 +19,9 @@ int64_t Model::forward_cached(KvCache&, const int32_t*, const int32_t*, int64_t,
   throw Error("this model does not support generation (no key/value cache)");
 }
 
-void Model::give_back(Flat which, int64_t begin, int64_t len) {
-  check(device() == "cpu", "this model cannot give back part of its " + device() + " buffers");
-  zero_and_release((which == Flat::params ? param_data() : grad_data()) + begin, len);
-}
-
-std::vector<ParamUnit> Model::param_units() const {
+std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params) {
   std::vector<ParamUnit> u;
-  for (const auto& p : params()) {
+  for (const auto& p : params) {
     if (p.alias) continue;
     const auto g = static_cast<size_t>(p.group);
     if (u.size() <= g) u.resize(g + 1, {p.offset, p.offset});

@@ -16,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "titan/core/dtype.h"
 #include "titan/core/tensor_source.h"
+#include "titan/models/param_store.h"
 #include "titan/models/tensor_parallel.h"
 #include "titan/ops/loss.h"
 
@@ -114,18 +115,6 @@ struct TensorSize {
   }
 };
 
-// FSDP units (torchtitan's fully_shard of each block): the parameters fall into units, each a
-// consecutive range of the flat buffers: the token embedding (unit 0), each decoder layer
-// (1..L), the head (L+1: final norm and an untied lm_head; a tied lm_head is unit 0's storage).
-struct ParamUnit {
-  int64_t begin = 0, end = 0;
-};
-// A range of the flat parameter buffer (ParamInfo offsets): a rank's shard is a list of them
-// (FSDP: its block of every unit).
-struct FlatRange {
-  int64_t begin = 0, len = 0;
-};
-
 // Where the elements [a, z) of parameter p's data held here (its slice under tensor/expert
 // parallelism, laid out row-major with dimension split_dim cut to local_len) sit in the whole
 // tensor, flattened: fn(whole_begin, local_begin, len) for each contiguous run, in order. A whole
@@ -147,27 +136,6 @@ void for_each_whole_run(const ParamInfo& p, int64_t a, int64_t z, Fn&& fn) {
     a += n;
   }
 }
-
-// What a trainer that shards the parameters (train/fsdp.h) learns of their use. The model calls
-// these around every use of a unit; without hooks its parameters are always whole. The model
-// knows nothing of ranks: the hooks gather and reshard.
-class ParamHooks {
- public:
-  virtual ~ParamHooks() = default;
-  // A forward pass begins; a backward of the same microbatch follows it or not (evaluation).
-  virtual void begin_pass(bool /*backward_follows*/) {}
-  // Unit u's parameters are about to be read, in the forward or (backward = true) in the backward
-  // (a recomputation included); they must be whole in unit_param_data() when this returns, and
-  // the gradients this pass writes of them held (Model::hold): a layer's from its backward, the
-  // first and last units' from the forward when a backward follows.
-  virtual void acquire(int64_t u, bool backward) = 0;
-  // This pass is done with them (their last use in the forward, or in the backward). Returns
-  // whether they were resharded (the model then drops what it derived from them: a compute copy).
-  virtual bool release(int64_t u, bool backward) = 0;
-  // Unit u's gradients of this microbatch are complete in grad_data(); the hook may take them
-  // away, leaving zeros.
-  virtual void grads_ready(int64_t u) = 0;
-};
 
 // Extra terms of the model's linear layers (low-rank adapters, models/lora.h). After each
 // projection y[M,out] = x[M,in]·Wᵀ whose weight block [out, in] starts at offset w of the flat
@@ -196,75 +164,40 @@ class KvCache {
   virtual void clear(int64_t seq) = 0;            // the sequence starts again, empty
 };
 
+// The FSDP units (models/param_store.h) of a parameter list, from its groups.
+std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params);
+
 class Model {
  public:
   virtual ~Model() = default;
 
   // ---- parameters and buffers
   virtual const std::vector<ParamInfo>& params() const = 0;
-  virtual int64_t num_params() const = 0;  // unique parameters (size of the flat buffers)
-  // Bytes of the compute copy of the weights kept beside the fp32 masters (bf16 mixed
-  // precision); 0 when the model computes on its masters.
-  virtual int64_t compute_copy_bytes() const { return 0; }
-  // The fp32 master weights in host memory, and the gradients in the model's memory.
-  //
-  // Off the CPU (device() other than "cpu": BuildOptions::device) the weights live in device
-  // memory and param_data() is a host copy kept in step with them: reading fetches the device's
-  // when they changed, writing sends the host's before the next use; device_param_data() hands
-  // the device's to an optimizer there (the host copy is fetched again when next read), and
-  // grad_data() is device memory.
-  virtual float* param_data() = 0;
-  virtual const float* param_data() const = 0;
-  virtual float* grad_data() = 0;
+  // Where the parameters are stored (models/param_store.h): the fp32 masters (host copy off the
+  // CPU), the gradients in the model's memory, the compute copy, the FSDP units' hold and give
+  // back.
+  virtual ParamStore& store() = 0;
+  virtual const ParamStore& store() const = 0;
+  int64_t num_params() const { return store().size(); }  // unique parameters (the flat buffers)
   virtual std::string device() const { return "cpu"; }
-  virtual float* device_param_data() { return param_data(); }
-  // The units (above), from params()' groups; and the writable parameters of unit u only (what
-  // the hooks gather into: a compute copy is remade for that unit alone), in the memory the
-  // kernels read: off the CPU the device's (as device_param_data()).
-  std::vector<ParamUnit> param_units() const;
-  virtual float* unit_param_data(int64_t /*u*/) { return device_param_data(); }
-  void set_param_hooks(ParamHooks* h) { hooks_ = h; }
-  // What a sharding hook (train/fsdp.h) does with the flat range [begin, begin + len) of the
-  // weights or of the gradients between its uses. give_back: zeroed (the host copy too), its
-  // memory given back (the host's whole pages; a device's whole granules when the model was built
-  // with BuildOptions::sharded). hold: memory behind it again before it is written (gathered
-  // into; a pass's gradients), reading zero where it was given back. Without hooks the buffers
-  // are whole. The defaults serve a model on the CPU.
-  enum class Flat { params, grads };
-  virtual void give_back(Flat which, int64_t begin, int64_t len);
-  virtual void hold(Flat /*which*/, int64_t /*begin*/, int64_t /*len*/) {}
-  // Off the CPU: the weights' range [begin, begin + len), whole on the device, kept in the host
-  // copy (param_data()) until give_back, its device memory given back where it can be, so that
-  // the host holds the whole weights while the device holds one unit at a time. Nothing on the
-  // CPU (the weights are the host's).
-  virtual void give_back_device(int64_t /*begin*/, int64_t /*len*/) {}
   // Tensor parallelism: the model's slice (set at construction) and the collectives of its tp
   // group (models/tensor_parallel.h); a model built whole ignores them.
   virtual TpSlice tp_slice() const { return {}; }
   virtual void set_tp_hooks(TpHooks* /*h*/) {}
   // Hooks on the linear layers (none by default); a model that has none ignores them.
   virtual void set_linear_hooks(LinearHooks* /*h*/) {}
-  // Whether the model has gradients of its own parameters (false: a frozen base model built
-  // with BuildOptions::trainable off; grad_data() is then null and nothing accumulates there).
-  virtual bool trainable() const { return true; }
   // Adapters (models/lora.h): the frozen model they adapt, or null for an ordinary model.
   virtual Model* frozen_base() { return nullptr; }
   // The number of frozen weights it holds, and the bytes they occupy (0 for an ordinary model).
   virtual int64_t frozen_base_weights() const { return 0; }
   virtual int64_t frozen_base_bytes() const { return 0; }
-  // A frozen model under bf16 mixed precision: makes the compute copy unit by unit and gives back
-  // the fp32 pages of the weights read only through it (the projections), as a model loaded in
-  // bf16 keeps them; param_data() widens them back from the copy first. No-op elsewhere.
-  virtual void release_masters() {}
-  // Bytes of the fp32 weights held (after release_masters: those still read in fp32).
-  virtual int64_t master_bytes() const { return 4 * num_params(); }
   // Adapters: fold them into the base weights (merge) or give the base back its own weights.
   virtual void merge_adapters(bool /*merge*/) {}
   // The persistent buffers, writable through data.
   virtual std::vector<BufferInfo> buffers() const = 0;
   const ParamInfo& param(const std::string& fqn) const;  // throws titan::Error when absent
-  float* param_ptr(const std::string& fqn) { return param_data() + param(fqn).offset; }
-  float* grad_ptr(const std::string& fqn) { return grad_data() + param(fqn).offset; }
+  float* param_ptr(const std::string& fqn) { return store().param_data() + param(fqn).offset; }
+  float* grad_ptr(const std::string& fqn) { return store().grads() + param(fqn).offset; }
   virtual int64_t vocab_size() const = 0;
 
   // Seeded init (torchtitan/HF: Linear and embeddings N(0, std), norms 1), independent of
@@ -326,9 +259,6 @@ class Model {
   // config.json (adapter_config.json) for this model, starting from `base` (the source model's, or
   // empty) so that fields titan does not model are kept; dtype is the export dtype's torch name.
   virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;
-
- protected:
-  ParamHooks* hooks_ = nullptr;
 };
 
 }  // namespace titan::models

@@ -40,7 +40,7 @@ struct BuildOptions {
   TpSlice tp;
   // Where the model computes (training.device): its backend's device (ops/backend.h); the ops
   // each layer calls are looked up under it. Off the CPU the model's weights, gradients and
-  // activations live in device memory (models::Model::param_data()).
+  // activations live in device memory (models::ParamStore::param_data()).
   std::string device = "cpu";
   // The parameters will be sharded unit by unit (FSDP, train/fsdp.h): on a device that can commit
   // memory a granule at a time (core/device.h reserve), the flat weight, gradient and compute-copy

@@ -18,7 +18,7 @@ Fsdp::Fsdp(models::Model& model, const ops::Backend& be, dist::Communicator& gro
   check(policy == "default" || policy == "always" || policy == "never",
         "parallelism.fsdp_reshard_after_forward '" + policy + "' must be default, always or never");
   for (const auto& p : model.params()) tied_ = tied_ || p.alias;
-  const auto units = model.param_units();
+  const auto units = model.store().units();
   const int64_t head = static_cast<int64_t>(units.size()) - 1;
   for (int64_t i = 0; i <= head; ++i) {
     // The unit's pieces: runs of parameters sharded over the same group (the ep-split experts
@@ -88,8 +88,8 @@ void Fsdp::wait(dist::Request& r) {
 int64_t Fsdp::mine(const Piece& u) const { return u.counts[static_cast<size_t>(u.group->rank())]; }
 
 void Fsdp::start_gather(Piece& u) {
-  model_.hold(Flat::params, u.begin, u.len);
-  float* P = model_.unit_param_data(u.unit);
+  model_.store().hold(Flat::params, u.begin, u.len);
+  float* P = model_.store().unit_param_data(u.unit);
   const int64_t own = mine(u);
   const double t0 = cpu::now_seconds();  // (the whole collective, where MPI runs it blocking)
   if (bf16_ && !exact_) {
@@ -117,7 +117,7 @@ void Fsdp::finish_gather(Piece& u) {
   wait(*u.gathering);
   u.gathering.reset();
   // The unit's values changed again (a host copy read while the gather ran is read again).
-  float* P = model_.unit_param_data(u.unit);
+  float* P = model_.store().unit_param_data(u.unit);
   if (u.stage < 0) return;
   const auto k = static_cast<size_t>(u.stage);
   if (u.len > 0) be_.from_bf16(stages_[k].data(), u.len, P + u.begin);
@@ -127,16 +127,16 @@ void Fsdp::finish_gather(Piece& u) {
 
 void Fsdp::reshard(Piece& u) {
   finish_gather(u);  // a prefetched unit nobody used (the buffer is the collective's until then)
-  model_.give_back(Flat::params, u.begin, u.len);
+  model_.store().give_back(Flat::params, u.begin, u.len);
   u.gathered = false;
 }
 
 void Fsdp::take_piece(Piece& u) {
   // From the host copy the weights were loaded or initialized into (off the CPU that copy's range
   // is given back too, so nothing of it is sent).
-  copy(master_.data() + u.at, std::as_const(model_).param_data() + u.own, mine(u));
+  copy(master_.data() + u.at, std::as_const(model_).store().param_data() + u.own, mine(u));
   reshard(u);
-  model_.give_back(Flat::grads, u.begin, u.len);
+  model_.store().give_back(Flat::grads, u.begin, u.len);
 }
 
 void Fsdp::take_unit(int64_t i) {
@@ -169,7 +169,7 @@ void Fsdp::gather_all() {
     acquire(i, false);
     // Off the CPU the host copy is what is read: each unit kept there, its device memory given
     // back, so the device never holds the whole weights.
-    for (Piece* u : unit(i)) model_.give_back_device(u->begin, u->len);
+    for (Piece* u : unit(i)) model_.store().give_back_device(u->begin, u->len);
   }
   exact_ = false;
 }
@@ -218,7 +218,7 @@ void Fsdp::acquire(int64_t i, bool backward) {
   // forward (fused with its backward) and the embedding's from the forward on (a tied lm_head's
   // gradient lands there at the head; an untied embedding's backward acquires nothing).
   if (backward || (backward_follows_ && !first(i).weights_in_backward))
-    for (Piece* u : unit(i)) model_.hold(Flat::grads, u->begin, u->len);
+    for (Piece* u : unit(i)) model_.store().hold(Flat::grads, u->begin, u->len);
   // The unit this pass reads next, gathered while this one computes: in the forward the next
   // unit until the head; at the head (and a tied embedding read with it) the last layer, when
   // a backward follows; in the backward the layer below (the embedding's backward reads no
@@ -247,7 +247,7 @@ void Fsdp::finish_grads() {
     const Piece& u = pieces_[k.piece];
     if (mine(u) > 0)
       be_.add_inplace(grad_shard_.data() + u.at, scratch_.data() + k.scratch, mine(u));
-    model_.give_back(Flat::grads, u.begin, u.len);
+    model_.store().give_back(Flat::grads, u.begin, u.len);
   }
   reducing_.clear();
 }
@@ -260,7 +260,7 @@ void Fsdp::grads_ready(int64_t i) {
        k < first_piece_[static_cast<size_t>(i) + 1]; ++k) {
     const Piece& u = pieces_[k];
     reducing_.emplace_back(Reducing{k, at},
-                           u.group->reduce_scatter_async(model_.grad_data() + u.begin,
+                           u.group->reduce_scatter_async(model_.store().grads() + u.begin,
                                                          scratch_.data() + at, u.counts));
     at += (u.len + u.group->size() - 1) / u.group->size();
   }

@@ -13,7 +13,7 @@
 //                  backward prefetch: u+1 in the forward, the last layer at the head when a
 //                  backward follows, u−1 in the backward), which runs in the background
 //                  (dist::Communicator's lane; an NCCL group's own stream) while u computes;
-//   release(u)     reshards it (zeros, memory given back: Model::give_back) after the backward
+//   release(u)     reshards it (zeros, memory given back: ParamStore::give_back) after the backward
 //                  always, after the forward per fsdp_reshard_after_forward: "default" and
 //                  "always" for the decoder layers and an untied embedding; the head ([norm,
 //                  lm_head], with the embedding when tied) only for "always" (torchtitan's
@@ -32,7 +32,7 @@
 // runs through its backend (`be`); `group` (and `expert_group`) must then move device memory (an
 // NCCL group). There the model, built sharded (models::BuildOptions::sharded), keeps its flat
 // weight, gradient and compute-copy buffers as reserved address ranges: each piece is held
-// (Model::hold: memory committed behind it) before it is gathered into or its gradients are
+// (ParamStore::hold: memory committed behind it) before it is gathered into or its gradients are
 // computed, and given back when resharded, as host pages are on the CPU; on a device without
 // reserve (core/device.h) the flat buffers stay whole and resharding only zeroes.
 #pragma once
@@ -139,7 +139,7 @@ class Fsdp final : public models::ParamHooks {
   void wait(dist::Request& r);  // counts the seconds it took and the part waited for
   // n floats copied in the model's memory (either side may be the host).
   void copy(float* dst, const float* src, int64_t n) const;
-  using Flat = models::Model::Flat;
+  using Flat = models::ParamStore::Flat;
 
   models::Model& model_;
   const ops::Backend& be_;

@@ -93,7 +93,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   const int64_t dp_shard = dims.fsdp();
   // Parameters per rank: the tp/ep slice of each, then its FSDP shard (experts under EP over
   // efsdp); per unit, the slices a rank gathers.
-  const auto units = m.param_units();
+  const auto units = m.store().units();
   std::vector<int64_t> unit_local(units.size(), 0);
   int64_t dense = 0, experts = 0, whole = 0;
   for (const auto& q : m.params()) {
@@ -211,7 +211,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line
       plan.lines.insert(plan.lines.begin() + 5,
                         {"bf16 compute copy of the weights",
-                         static_cast<int64_t>(static_cast<double>(m.compute_copy_bytes()) *
+                         static_cast<int64_t>(static_cast<double>(m.store().compute_copy_bytes()) *
                                               static_cast<double>(local) /
                                               static_cast<double>(std::max<int64_t>(1, whole)))});
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that

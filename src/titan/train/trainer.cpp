@@ -214,7 +214,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
         "the adapters with data_parallel_replicate_degree (DDP) instead");
   if (lora) {
     load_lora_weights(cfg_, *model_);
-    model_->frozen_base()->release_masters();
+    model_->frozen_base()->store().release_masters();
     char buf[200];
     std::snprintf(buf, sizeof buf,
                   "LoRA: rank %lld, alpha %g, targets %s: %s trainable parameters (%.3f%% of the "
@@ -267,7 +267,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
       fsdp_->take_params_from_model();
     else if (!loaded)
       fsdp_->init_unit_by_unit(bo.seed);
-    model_->set_param_hooks(fsdp_.get());
+    model_->store().set_hooks(fsdp_.get());
   }
   if (tp_) {  // the replicated parameters' ranges in the optimizer's buffer, for the norm
     std::vector<models::FlatRange> mine;
@@ -400,8 +400,8 @@ void Trainer::export_sliced(const ckpt::TrainState& st, bool last) {
   models::Model& w = whole_model();
   const models::Model& local = *model_;
   if (fsdp_) fsdp_->gather_all();  // this rank's slice whole
-  parallel::TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, local.param_data(), w,
-                                   w.param_data());
+  parallel::TensorParallel::gather(*mesh_.tp, *mesh_.ep, local, local.store().param_data(), w,
+                                   w.store().param_data());
   parallel::TensorParallel::copy_buffers(local, w);
   if (fsdp_) fsdp_->reshard_all();
   if (rank0()) checkpointer_->maybe_save(st, last, w, nullptr, nullptr);
@@ -495,7 +495,7 @@ void Trainer::reduce_and_update(StepResult& r) {
   // within the replica during the backward; one process: nothing moves).
   if (fsdp_) fsdp_->finish_grads();
   const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
-  float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->grad_data();
+  float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->store().grads();
   // (skipped for a group of one: the gradients may be device memory, which MPI must not see)
   if (mesh_.replicate->size() > 1)
     (grad_replicate_ ? *grad_replicate_ : *mesh_.replicate).all_reduce(shard_grad, len);
@@ -542,7 +542,7 @@ void Trainer::reduce_and_update(StepResult& r) {
   opt_->clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
-  float* params = fsdp_ ? fsdp_->master() : model_->device_param_data();
+  float* params = fsdp_ ? fsdp_->master() : model_->store().device_param_data();
   opt_->adamw_step(params, shard_grad, m_.data(), v_.data(), len, adamw_, static_cast<float>(r.lr),
                    step_);
   if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
@@ -658,7 +658,7 @@ void Trainer::maybe_checkpoint() {
     std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
     broadcast_string(dist::world(), &tmp, 0);
     if (mesh_.replicate_rank == 0) {
-      const int64_t units = static_cast<int64_t>(model_->param_units().size());
+      const int64_t units = static_cast<int64_t>(model_->store().units().size());
       const int64_t parts = std::min<int64_t>(dims_.dp_shard, units);
       ckpt::HfPart part;
       fsdp_->for_each_unit_whole([&](int64_t u) {

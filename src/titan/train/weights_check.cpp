@@ -6,7 +6,7 @@
 namespace titan::train {
 
 std::string describe_nonfinite_weights(const models::Model& m) {
-  const float* p = m.param_data();
+  const float* p = m.store().param_data();
   const int64_t n = m.num_params();
   int64_t bad = 0, first = -1;
 #pragma omp parallel for reduction(+ : bad) schedule(static)

@@ -62,7 +62,7 @@ Result run(const Qwen3Args& a, AcPolicy ac, DType compute) {
     r.aux = m.last_aux_loss();
     m.finish_step();
   }
-  r.grads.assign(m.grad_data(), m.grad_data() + m.num_params());
+  r.grads.assign(m.store().grads(), m.store().grads() + m.num_params());
   for (const auto& b : m.buffers()) r.bias.insert(r.bias.end(), b.data, b.data + b.shape[0]);
   for (const auto& t : m.activation_table()) r.saved_bytes += t.saved ? t.aligned_bytes() : 0;
   return r;

@@ -127,7 +127,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
   const std::vector<HfTensor> tensors = hf_tensors(m);  // experts per expert, as on disk
   for (const auto& t : tensors) {
     std::vector<float> ref = f32_of(expected, "grad." + t.key, t.shape);
-    const float* g = m.grad_data() + t.offset;
+    const float* g = m.store().grads() + t.offset;
     double num = 0, den = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
       num += (g[i] - ref[i]) * static_cast<double>(g[i] - ref[i]);
@@ -146,17 +146,17 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
 
   // One AdamW step (no clipping, as in the fixture): on titan's gradients (reported), then from
   // the same starting point on transformers' gradients (asserted).
-  std::vector<float> start(m.param_data(), m.param_data() + m.num_params());
+  std::vector<float> start(m.store().param_data(), m.store().param_data() + m.num_params());
   optim::AdamWConfig c{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   auto adamw_diff = [&]() {
     std::vector<float> mom(m.num_params()), var(m.num_params());
-    std::copy(start.begin(), start.end(), m.param_data());
-    optim::adamw_step(m.param_data(), m.grad_data(), mom.data(), var.data(), m.num_params(), c,
-                      1e-2f, 1);
+    std::copy(start.begin(), start.end(), m.store().param_data());
+    optim::adamw_step(m.store().param_data(), m.store().grads(), mom.data(), var.data(),
+                      m.num_params(), c, 1e-2f, 1);
     double worst = 0;
     for (const auto& t : tensors) {
       std::vector<float> ref = f32_of(expected, "adamw." + t.key, t.shape);
-      const float* w = m.param_data() + t.offset;
+      const float* w = m.store().param_data() + t.offset;
       for (size_t i = 0; i < ref.size(); ++i)
         worst = std::max(worst, static_cast<double>(std::fabs(w[i] - ref[i])));
     }
@@ -164,7 +164,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
   };
   const double worst_adamw_e2e = adamw_diff();
   for (const auto& t : tensors)
-    expected.read_f32("grad." + t.key, t.shape, m.grad_data() + t.offset);
+    expected.read_f32("grad." + t.key, t.shape, m.store().grads() + t.offset);
   const double worst_adamw = adamw_diff();
   EXPECT_LE(worst_adamw, 1e-6);
   std::printf(
@@ -252,7 +252,7 @@ TEST(HfMoe, FusedExpertLayoutLoadsTheSameWeights) {
   load_hf_weights(a, ckpt::SafetensorsSet::open(fixture_dir("moe_norm")), "per-expert");
   load_hf_weights(b, ckpt::SafetensorsSet::open(fixture_dir("moe_norm_fused")), "fused");
   ASSERT_EQ(a.num_params(), b.num_params());
-  EXPECT_EQ(0, std::memcmp(a.param_data(), b.param_data(),
+  EXPECT_EQ(0, std::memcmp(a.store().param_data(), b.store().param_data(),
                            static_cast<size_t>(a.num_params()) * sizeof(float)));
 }
 
@@ -268,13 +268,13 @@ TEST(HfImport, OnlyTheGivenSlicesAreReadAndExactly) {
     load_hf_weights(whole, set, name);
     const int64_t n = whole.num_params();
     const std::vector<models::FlatRange> only = {{7, n / 3}, {n / 2, 1001}, {n - 5, 5}};
-    std::fill_n(sliced.param_data(), n, std::nanf(""));
+    std::fill_n(sliced.store().param_data(), n, std::nanf(""));
     load_hf_weights(sliced, set, name, &only);
     std::vector<bool> in(static_cast<size_t>(n), false);
     for (const auto& r : only) std::fill_n(in.begin() + r.begin, r.len, true);
     int64_t read = 0, untouched = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const float w = whole.param_data()[i], s = sliced.param_data()[i];
+      const float w = whole.store().param_data()[i], s = sliced.store().param_data()[i];
       if (in[static_cast<size_t>(i)]) {
         read += w == s;
       } else {

@@ -83,7 +83,7 @@ void randomize(Qwen3Model& m, uint64_t seed) {
   std::uniform_real_distribution<float> u(0.7f, 1.3f);
   for (const auto& p : m.params())
     if (p.shape.size() == 1)
-      for (int64_t i = 0; i < p.numel; ++i) m.param_data()[p.offset + i] = u(rng);
+      for (int64_t i = 0; i < p.numel; ++i) m.store().param_data()[p.offset + i] = u(rng);
 }
 
 double mean_loss(Qwen3Model& m, const Data& d) {
@@ -112,10 +112,10 @@ void gradient_check(bool tied) {
     double gu = 0;
     for (int64_t i = 0; i < p.numel; ++i) {
       u[i] = static_cast<float>(u[i] / std::sqrt(norm));
-      gu += static_cast<double>(m.grad_data()[p.offset + i]) * u[i];
+      gu += static_cast<double>(m.store().grads()[p.offset + i]) * u[i];
     }
     const float eps = 1e-2f;
-    float* w = m.param_data() + p.offset;
+    float* w = m.store().param_data() + p.offset;
     std::vector<float> saved(w, w + p.numel);
     for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] + eps * u[i];
     double lp = mean_loss(m, d);
@@ -179,7 +179,8 @@ TEST(Qwen3Model, InitIsSeededAndNearLnVocab) {
   Qwen3Model m1(a, 2, 12), m2(a, 2, 12);
   m1.init_weights(5);
   m2.init_weights(5);
-  for (int64_t i = 0; i < m1.num_params(); ++i) ASSERT_EQ(m1.param_data()[i], m2.param_data()[i]);
+  for (int64_t i = 0; i < m1.num_params(); ++i)
+    ASSERT_EQ(m1.store().param_data()[i], m2.store().param_data()[i]);
   Data d(a.vocab_size);
   // N(0, 0.02) init gives near-uniform predictions: loss ≈ ln(V).
   EXPECT_NEAR(mean_loss(m1, d), std::log(512.0), 0.05);
@@ -198,8 +199,8 @@ TEST(Qwen3Model, OverfitsOneBatch) {
     ops::LossSum s = m.forward_backward(d.batch(), 1.0f / 21.0f);
     last = s.sum / s.count;
     if (step == 1) first = last;
-    optim::adamw_step(m.param_data(), m.grad_data(), mom.data(), var.data(), m.num_params(), c,
-                      1e-2f, step);
+    optim::adamw_step(m.store().param_data(), m.store().grads(), mom.data(), var.data(),
+                      m.num_params(), c, 1e-2f, step);
   }
   EXPECT_LT(last, 0.1 * first) << "first " << first << " last " << last;
 }
@@ -235,8 +236,8 @@ TEST(Qwen3Model, SteadyStateStepMakesNoLargeAllocations) {
   for (int step = 1; step <= 2; ++step) {  // warm-up: primitives are created and cached
     m.zero_grad();
     m.forward_backward(d.batch(), 0.05f);
-    optim::adamw_step(m.param_data(), m.grad_data(), mom.data(), var.data(), m.num_params(), c,
-                      1e-3f, step);
+    optim::adamw_step(m.store().param_data(), m.store().grads(), mom.data(), var.data(),
+                      m.num_params(), c, 1e-3f, step);
   }
   g_allocs = 0;
   g_large_allocs = 0;
@@ -244,8 +245,8 @@ TEST(Qwen3Model, SteadyStateStepMakesNoLargeAllocations) {
   g_count = true;
   m.zero_grad();
   m.forward_backward(d.batch(), 0.05f);
-  optim::adamw_step(m.param_data(), m.grad_data(), mom.data(), var.data(), m.num_params(), c, 1e-3f,
-                    3);
+  optim::adamw_step(m.store().param_data(), m.store().grads(), mom.data(), var.data(),
+                    m.num_params(), c, 1e-3f, 3);
   g_count = false;
   // titan allocates nothing; oneDNN's primitive::execute builds a small argument map per call,
   // which shows up here as small allocations. None may be a buffer (>= 1 KiB).

@@ -162,9 +162,9 @@ TEST(MoeModel, GroupedAndReferenceExpertsAgree) {
   EXPECT_NEAR(lg, lr, 1e-5 * std::fabs(lr));
   double num = 0, den = 0;
   for (int64_t i = 0; i < g.num_params(); ++i) {
-    const double d = g.grad_data()[i] - r.grad_data()[i];
+    const double d = g.store().grads()[i] - r.store().grads()[i];
     num += d * d;
-    den += static_cast<double>(r.grad_data()[i]) * r.grad_data()[i];
+    den += static_cast<double>(r.store().grads()[i]) * r.store().grads()[i];
   }
   EXPECT_LE(std::sqrt(num / den), 1e-5);
 }

@@ -183,10 +183,10 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     lm_head_ = off;
     add_param("lm_head.weight", {V, D}, L + 1, &off, 0);
   }
-  num_params_ = off;
-  wb_base_ = bf16_ && !a_.tie_embeddings ? vl_ * D : 0;  // an untied embedding is only looked up
-  units_ = param_units();
-  stale_.assign(units_.size(), 1);
+  // The store: a bf16 compute copy of all but an untied embedding (which is only looked up).
+  models::ParamStore::Layout lay{off, models::param_units(params_),
+                                 bf16_ && !a_.tie_embeddings ? vl_ * D : 0, copy_only_ranges()};
+  store_.emplace(std::move(lay), models::ParamStore::Options{bf16_, trainable_, sharded}, be_);
 
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
@@ -219,12 +219,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
   std::vector<void**> slots;
   declare_tensors(&slots);
   if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
-  // Sharded: on a device with reserve, the flat buffers are address ranges whose units take
-  // memory only while gathered (core/buffer.h Storage::reserve; the host's take it when written).
-  auto flat = [&](auto& buf, int64_t n) { sharded ? buf.reserve(n, mem_) : buf.resize(n, mem_); };
-  params_buf_.resize(num_params_, mem_, sharded);
-  if (trainable_) flat(grads_buf_, num_params_);
-  if (bf16_) flat(wb_, num_params_ - wb_base_);
+  store_->allocate();
   if (dev_) {
     batch_dev_.resize(3 * max_tokens_, mem_);
     if (n_moe > 0) {
@@ -400,7 +395,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
 }
 
 void Qwen3Model::init_weights(uint64_t seed, float std, int64_t unit) {
-  float* P = param_data();  // the host's (sent to a device before its next use)
+  float* P = store_->param_data();  // the host's (sent to a device before its next use)
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
     if (p.alias || (unit >= 0 && p.group != unit)) continue;
@@ -429,7 +424,7 @@ void Qwen3Model::linear(const float* x, int64_t w, float* y, int64_t M, int64_t 
   if (bf16_)
     be_.linear_fwd_bf16(x, weight_bf16(w), y, M, in, out, lin_scratch_);
   else
-    be_.linear_fwd(x, params_buf_.data() + w, y, M, in, out);
+    be_.linear_fwd(x, store_->weights() + w, y, M, in, out);
   if (lin_hooks_) lin_hooks_->forward(w, x, y, M, in, out);
 }
 
@@ -439,7 +434,7 @@ void Qwen3Model::linear_back(const float* dy, const float* x, int64_t w, float* 
   if (bf16_)
     be_.linear_bwd_bf16(dy, x, weight_bf16(w), dx, dw, M, in, out, false, lin_scratch_);
   else
-    be_.linear_bwd(dy, x, params_buf_.data() + w, dx, dw, M, in, out, false);
+    be_.linear_bwd(dy, x, store_->weights() + w, dx, dw, M, in, out, false);
   if (lin_hooks_) lin_hooks_->backward(w, dy, x, dx, M, in, out);
 }
 
@@ -458,12 +453,6 @@ void Qwen3Model::forward_logits(const Batch& b, float* out) {
   logits.resize(b.B * b.S * a_.vocab_size, mem_);
   run(b, 0.0f, 0.0f, false, logits.data());
   be_.copy(out, logits.data(), sizeof(float) * static_cast<size_t>(logits.size()));
-}
-
-float* Qwen3Model::device_param_data() {
-  if (!dev_) return param_data();
-  mark_stale();  // the compute copy is remade after the update
-  return params_buf_.for_device_update();
 }
 
 models::Batch Qwen3Model::device_batch(const Batch& b) {
@@ -499,7 +488,7 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
   const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, F = f_, d = a_.head_dim;
   const int64_t Hq = hq_, Hkv = hkv_, Q = q_, KV = kv_, QKV = qkv_;
   const float eps = a_.norm_eps;
-  const float* P = params_buf_.data();
+  const float* P = store_->weights();
   const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
                           Q,   KV,  QKV};
   const ops::NormRows qrows{T, Hq, d, QKV, Q};
@@ -560,7 +549,7 @@ Qwen3Model::Rows Qwen3Model::moe_rows(int64_t T) const {
 void Qwen3Model::ffn_norm(int64_t l, int64_t Tl, Saved& s) {
   const Layer& w = layers_[l];
   if (w.moe >= 0 && moe_local() && tp_.sequence_parallel)
-    be_.rmsnorm_fwd({Tl, 1, a_.dim, a_.dim, a_.dim}, s.hmid, params_buf_.data() + w.ffn_norm,
+    be_.rmsnorm_fwd({Tl, 1, a_.dim, a_.dim, a_.dim}, s.hmid, store_->weights() + w.ffn_norm,
                     a_.norm_eps, s.xn2, s.rstd2);
   else
     norm_gathered(Tl, s.hmid, w.ffn_norm, s.xn2, s.rstd2);
@@ -568,7 +557,7 @@ void Qwen3Model::ffn_norm(int64_t l, int64_t Tl, Saved& s) {
 
 void Qwen3Model::norm_gathered(int64_t Tl, const float* x, int64_t w, float* out, float* rstd) {
   const int64_t D = a_.dim;
-  const float* wp = params_buf_.data() + w;
+  const float* wp = store_->weights() + w;
   if (!tp_.sequence_parallel) {
     be_.rmsnorm_fwd({Tl, 1, D, D, D}, x, wp, a_.norm_eps, out, rstd);
     return;
@@ -611,14 +600,14 @@ void Qwen3Model::reduce_norm_grads(const int64_t* offsets, const int64_t* lens, 
     tp_hooks_->all_reduce(tp_gnorm_.data() + residual, total - residual);
   const float* g = tp_gnorm_.data();
   for (int i = 0; i < n; ++i) {
-    be_.add_inplace(grads_buf_.data() + offsets[i], g, lens[i]);
+    be_.add_inplace(store_->grads() + offsets[i], g, lens[i]);
     g += lens[i];
   }
 }
 
 void Qwen3Model::embedding_forward(const int32_t* ids, int64_t T, float* out) {
   const int64_t D = a_.dim, V = a_.vocab_size;
-  const float* table = params_buf_.data() + tok_emb_;
+  const float* table = store_->weights() + tok_emb_;
   if (!tp_.active()) {
     be_.embedding_fwd(ids, T, table, V, D, out);
     return;
@@ -643,7 +632,7 @@ void Qwen3Model::recompute_cheap(int64_t l, const Batch& b) {
   const int64_t T = b.B * b.S, Tl = local_tokens(T), F = f_, d = a_.head_dim;
   const int64_t Hq = hq_, Hkv = hkv_, Q = q_, KV = kv_, QKV = qkv_;
   const float eps = a_.norm_eps;
-  const float* P = params_buf_.data();
+  const float* P = store_->weights();
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
   norm_gathered(Tl, s.x, w.attention_norm, s.xn1, s.rstd1);
@@ -659,7 +648,7 @@ void Qwen3Model::recompute_cheap(int64_t l, const Batch& b) {
 void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, F = f_, d = a_.head_dim;
   const int64_t Hq = hq_, Hkv = hkv_, Q = q_, KV = kv_, QKV = qkv_;
-  const float* P = params_buf_.data();
+  const float* P = store_->weights();
   const ops::AttnShape as{b.B, b.S, Hq, Hkv, d, 1.0f / std::sqrt(static_cast<float>(d)),
                           Q,   KV,  QKV};
   const ops::NormRows rows{Tl, 1, D, D, D};
@@ -716,7 +705,7 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
         "microbatch of " + std::to_string(hb.B) + "x" + std::to_string(hb.S) +
             " exceeds the model's allocated " + std::to_string(max_batch_) + "x" +
             std::to_string(max_seq_));
-  params_buf_.sync_device();
+  store_->sync_device();
   const Batch b = device_batch(hb);  // checked first: it fills slots of max_tokens_
   if (const int64_t bad = be_.first_bad_position(b.positions, b.B * b.S, max_seq_); bad >= 0) {
     int32_t pos = 0;
@@ -725,7 +714,7 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
                 std::to_string(max_seq_));
   }
   const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, V = a_.vocab_size;
-  float* P = params_buf_.data();
+  const float* P = store_->weights();
   const int64_t head = a_.n_layers + 1;  // the head's unit; a tied lm_head also reads unit 0
   const ops::NormRows rows{Tl, 1, D, D, D};
   if (tp_.active()) {
@@ -749,7 +738,7 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
   if (dev_ && a_.load_balance_coeff > 0 && !load_.empty())
     be_.copy(expert_bias_dev_.data(), expert_bias_.data(),
              sizeof(float) * static_cast<size_t>(expert_bias_.size()));
-  if (hooks_) hooks_->begin_pass(backward && !logits_out);
+  store_->begin_pass(backward && !logits_out);
   acquire(0, false);
   embedding_forward(b.input, T, saved_[0].x);
   release(0, false);
@@ -906,7 +895,7 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
     }
     last[static_cast<size_t>(r)] = static_cast<int64_t>(i);
   }
-  params_buf_.sync_device();
+  store_->sync_device();
   const Batch b = device_batch({1, n, tokens, nullptr, pos.data()});
   const int32_t* keys = n_keys.data();
   const float** kv_dev = nullptr;
@@ -916,8 +905,8 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
     keys = c->n_keys_.data();
     kv_dev = c->ptrs_.data();
   }
-  const float* P = params_buf_.data();
-  if (hooks_) hooks_->begin_pass(false);
+  const float* P = store_->weights();
+  store_->begin_pass(false);
   acquire(0, false);
   be_.embedding_fwd(b.input, n, P + tok_emb_, V, D, saved_[0].x);
   release(0, false);
@@ -952,32 +941,6 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
   return R;
 }
 
-void Qwen3Model::release(int64_t u, bool backward) {
-  if (!hooks_ || !hooks_->release(u, backward)) return;
-  // Resharded: the unit's compute copy goes too, remade at its next use.
-  const auto i = static_cast<size_t>(u);
-  const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
-  if (bf16_ && lo < hi)
-    zero_and_release(wb_.storage(), wb_.data() + (lo - wb_base_), 2 * static_cast<size_t>(hi - lo));
-  stale_[i] = 1;
-}
-
-void Qwen3Model::give_back(Flat which, int64_t begin, int64_t len) {
-  if (which == Flat::params)
-    params_buf_.give_back(begin, len);
-  else if (trainable_ && len > 0)
-    zero_and_release(grads_buf_.storage(), grads_buf_.data() + begin,
-                     sizeof(float) * static_cast<size_t>(len));
-}
-
-void Qwen3Model::hold(Flat which, int64_t begin, int64_t len) {
-  if (which == Flat::params)
-    params_buf_.hold(begin, len);
-  else if (trainable_ && len > 0)
-    commit(grads_buf_.storage(), grads_buf_.data() + begin,
-           sizeof(float) * static_cast<size_t>(len));
-}
-
 std::vector<models::FlatRange> Qwen3Model::copy_only_ranges() const {
   std::vector<models::FlatRange> r;
   if (!bf16_ || trainable_) return r;
@@ -992,46 +955,6 @@ std::vector<models::FlatRange> Qwen3Model::copy_only_ranges() const {
   }
   if (!a_.tie_embeddings) r.push_back({lm_head_, vl_ * D});  // a tied one is looked up
   return r;
-}
-
-int64_t Qwen3Model::master_bytes() const {
-  int64_t n = num_params_;
-  for (const auto& r : copy_only_ranges()) n -= r.len;  // given back under a frozen bf16 model
-  return 4 * n;
-}
-
-void Qwen3Model::release_masters() {
-  if (!bf16_ || trainable_ || masters_released_ || dev_) return;
-  const auto ranges = copy_only_ranges();
-  for (size_t u = 0; u < units_.size(); ++u) {  // unit by unit: fp32 and copy never both whole
-    acquire(static_cast<int64_t>(u), false);
-    for (const auto& r : ranges)
-      if (r.begin >= units_[u].begin && r.begin < units_[u].end)
-        zero_and_release(params_buf_.data() + r.begin, r.len);
-  }
-  masters_released_ = true;
-}
-
-void Qwen3Model::restore_masters() {
-  if (!masters_released_) return;
-  for (const auto& r : copy_only_ranges())
-    to_f32(DType::BF16, wb_.data() + (r.begin - wb_base_), r.len, params_buf_.data() + r.begin);
-  masters_released_ = false;
-}
-
-void Qwen3Model::acquire(int64_t u, bool backward) {
-  if (hooks_) hooks_->acquire(u, backward);
-  const auto i = static_cast<size_t>(u);
-  if (bf16_ && stale_[i] &&
-      !masters_released_) {  // the unit's compute copy, remade after its weights changed
-    const int64_t lo = std::max(units_[i].begin, wb_base_), hi = units_[i].end;
-    if (lo < hi) {
-      uint16_t* copy = wb_.data() + (lo - wb_base_);
-      commit(wb_.storage(), copy, 2 * static_cast<size_t>(hi - lo));
-      be_.to_bf16(params_buf_.data() + lo, hi - lo, copy);
-    }
-  }
-  stale_[i] = 0;
 }
 
 namespace {
@@ -1063,7 +986,7 @@ void Qwen3Model::call_rope(int64_t layer, bool forward, float* x, const Batch& b
 ops::ExpertsArgs Qwen3Model::experts_args(int64_t l, const Rows& m) {
   const Layer& w = layers_[l];
   const Saved& s = saved_[l];
-  const float* P = params_buf_.data();
+  const float* P = store_->weights();
   ops::ExpertsArgs ea;
   ea.s = {m.n, a_.dim, fm_, a_.num_experts, a_.top_k};
   ea.x = s.xn2 + m.begin * a_.dim;
@@ -1087,7 +1010,7 @@ void Qwen3Model::moe_forward(int64_t l, const Rows& m, float* y, bool count) {
   const Layer& w = layers_[l];
   Saved& s = saved_[l];
   const int64_t D = a_.dim, E = a_.num_experts, K = a_.top_k, T = m.n;
-  be_.linear_fwd(s.xn2 + m.begin * D, params_buf_.data() + w.gate, dlogits_, T, D, E);  // logits
+  be_.linear_fwd(s.xn2 + m.begin * D, store_->weights() + w.gate, dlogits_, T, D, E);  // logits
   const float* bias = a_.load_balance_coeff > 0
                           ? (dev_ ? expert_bias_dev_ : expert_bias_).data() + w.moe * E
                           : nullptr;
@@ -1128,7 +1051,7 @@ void Qwen3Model::moe_backward(int64_t l, const Rows& m, const float* dy, float* 
     tp_ggate_.assign(static_cast<size_t>(E * D), 0.0f);
     dgate = tp_ggate_.data();
   }
-  be_.linear_bwd(dlogits_, s.xn2 + m.begin * D, params_buf_.data() + w.gate,
+  be_.linear_bwd(dlogits_, s.xn2 + m.begin * D, store_->weights() + w.gate,
                  tp_.rank == 0 || local ? dxn : nullptr, dgate, T, D, E, /*dx_accumulate=*/true);
   if (local && dgate) {
     tp_hooks_->all_reduce(dgate, E * D);
@@ -1235,8 +1158,6 @@ std::vector<models::HfTensor> Qwen3Model::hf_tensors() const {
 
 void Qwen3Model::load_hf(const TensorSource& src, const std::string& where,
                          const std::vector<models::FlatRange>* only) {
-  restore_masters();
-  mark_stale();
   load_hf_weights(*this, src, where, only);
 }
 

@@ -39,13 +39,13 @@
 // (models::BuildOptions::sharded).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "titan/core/buffer.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
-#include "titan/models/device_params.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/ops/backend.h"
@@ -76,35 +76,9 @@ class Qwen3Model final : public models::Model {
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
-  int64_t num_params() const override { return num_params_; }  // unique parameters
-  int64_t compute_copy_bytes() const override { return bf16_ ? 2 * (num_params_ - wb_base_) : 0; }
-  // The writable master weights; in bf16 the compute copy is remade before the next forward.
-  float* param_data() override {
-    restore_masters();
-    mark_stale();
-    return params_buf_.host_writable();
-  }
-  float* unit_param_data(int64_t u) override {
-    restore_masters();
-    stale_[static_cast<size_t>(u)] = 1;
-    return dev_ ? params_buf_.for_device_update() : params_buf_.host_writable();
-  }
+  models::ParamStore& store() override { return *store_; }
+  const models::ParamStore& store() const override { return *store_; }
   std::string device() const override { return be_.device; }
-  float* device_param_data() override;
-  void give_back(Flat which, int64_t begin, int64_t len) override;
-  void hold(Flat which, int64_t begin, int64_t len) override;
-  void give_back_device(int64_t begin, int64_t len) override {
-    params_buf_.give_back_device(begin, len);
-  }
-  // Frozen (trainable = false) under bf16: the projections' fp32 pages are given back once their
-  // compute copy is made (see models::Model::release_masters).
-  void release_masters() override;
-  int64_t master_bytes() const override;
-  const float* param_data() const override { return params_buf_.host(); }
-  // Null when frozen (trainable = false: the base of LoRA adapters; no gradient buffer, the
-  // backward computes only what flows to the inputs).
-  float* grad_data() override { return trainable_ ? grads_buf_.data() : nullptr; }
-  bool trainable() const override { return trainable_; }
   void set_linear_hooks(models::LinearHooks* h) override { lin_hooks_ = h; }
   // Tensor parallelism (models/tensor_parallel.h): built for one slice, the parameters are this
   // rank's slices (params()' split_dim), activations hold this rank's heads and hidden units and,
@@ -118,9 +92,7 @@ class Qwen3Model final : public models::Model {
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
   // draws from its own counter-based stream, so the result is independent of threads.
   void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) override;
-  void zero_grad() override {
-    if (trainable_) grads_buf_.zero();
-  }
+  void zero_grad() override { store_->zero_grads(); }
 
   // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
   // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count.
@@ -241,19 +213,14 @@ class Qwen3Model final : public models::Model {
   void linear(const float* x, int64_t w, float* y, int64_t M, int64_t in, int64_t out);
   void linear_back(const float* dy, const float* x, int64_t w, float* dx, int64_t M, int64_t in,
                    int64_t out);
-  const uint16_t* weight_bf16(int64_t offset) const { return wb_.data() + (offset - wb_base_); }
-  // A unit's use (models::ParamHooks): acquire also remakes its stale compute copy.
-  void acquire(int64_t u, bool backward);
-  void release(int64_t u, bool backward);
-  void grads_ready(int64_t u) {
-    if (hooks_) hooks_->grads_ready(u);
-  }
-  void mark_stale() { std::fill(stale_.begin(), stale_.end(), 1); }
-  // The ranges of the flat parameters read only through the bf16 copy (the projections); and
-  // release_masters' undo: their fp32 values widened back from the copy.
+  const uint16_t* weight_bf16(int64_t offset) const { return store_->weight_bf16(offset); }
+  // A unit's use (models::ParamStore: the hooks, a stale compute copy remade).
+  void acquire(int64_t u, bool backward) { store_->acquire(u, backward); }
+  void release(int64_t u, bool backward) { store_->release(u, backward); }
+  void grads_ready(int64_t u) { store_->grads_ready(u); }
+  // The ranges of the flat parameters read only through the bf16 copy of a frozen model (the
+  // projections).
   std::vector<models::FlatRange> copy_only_ranges() const;
-  void restore_masters();
-  bool masters_released_ = false;
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
   // split: the dimension a tensor-parallel slice splits (-1: whole on every rank).
   void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off,
@@ -298,17 +265,11 @@ class Qwen3Model final : public models::Model {
   bool trainable_ = true;            // false: frozen, no gradients of the parameters
   models::LinearHooks* lin_hooks_ = nullptr;
   // The gradient of the parameter at offset `off`, or null when frozen.
-  float* grad_at(int64_t off) { return trainable_ ? grads_buf_.data() + off : nullptr; }
-  Buffer<uint16_t> wb_;  // the bf16 copy of parameters [wb_base_, num_params_)
-  int64_t wb_base_ = 0;  // an untied embedding (the parameters before it) has no copy
-  std::vector<models::ParamUnit> units_;  // param_units()
-  std::vector<char> stale_;               // per unit: its weights changed since its wb_ was made
-  uint16_t* lin_scratch_ = nullptr;       // bf16 GEMM operands of linear / linear_back
+  float* grad_at(int64_t off) { return store_->grad_at(off); }
+  uint16_t* lin_scratch_ = nullptr;  // bf16 GEMM operands of linear / linear_back
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
-  int64_t num_params_ = 0;
-  models::DeviceParams params_buf_;  // the weights (and their host copy off the CPU)
-  Buffer<float> grads_buf_;
+  std::optional<models::ParamStore> store_;  // made once the layout is known
   std::vector<Layer> layers_;
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;
 

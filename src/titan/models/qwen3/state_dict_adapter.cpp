@@ -220,7 +220,7 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
   }
   // Each parameter's data held here (its tensor/expert-parallel slice, or all of it), within
   // `only` when given.
-  float* P = model.param_data();
+  float* P = model.store().param_data();
   for (const auto& p : model.params()) {
     if (p.alias) continue;
     const HfSource src(p, fused);
