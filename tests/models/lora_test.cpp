@@ -122,14 +122,15 @@ TEST_P(LoraParity, LogitsLossAndAdapterGradientsMatchPeft) {
   m->zero_grad();
   const ops::LossSum ls = m->forward_backward(b, 1.0f / static_cast<float>(count));
   double loss = ls.sum / static_cast<double>(count);
-  if (const auto coef = m->aux_loss_coef()) loss += *coef * m->last_aux_loss();
+  if (const auto* r = m->routing(); r && r->aux_loss_coef())
+    loss += *r->aux_loss_coef() * r->last_aux_loss();
   float ref_loss = 0;
   exp.read_f32("loss", {}, &ref_loss);
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
 
   double worst = 0;
   int64_t tensors = 0;
-  for (const auto& t : m->hf_tensors()) {
+  for (const auto& t : m->hf().hf_tensors()) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     std::vector<float> g(static_cast<size_t>(n));
@@ -186,7 +187,7 @@ TEST(Lora, FrozenBf16BaseKeepsOnlyTheCopyOfItsProjections) {
   std::vector<float> released(static_cast<size_t>(f.B * f.S * m->vocab_size()));
   m->forward_logits(b, released.data());
   EXPECT_LT(base.store().master_bytes(), 4 * base.num_params() / 2);  // norms and embedding only
-  EXPECT_EQ(m->frozen_base_bytes(), base.store().master_bytes());
+  EXPECT_EQ(models::frozen_bytes(*m), base.store().master_bytes());
   const float* w = base.store().param_data();  // widened back
   std::vector<float> orig(static_cast<size_t>(base.num_params()));
   {

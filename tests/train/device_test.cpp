@@ -520,14 +520,14 @@ TEST(DeviceModel, GenerationGivesTheCpuLogits) {
   register_hostdev();
   config::JobConfig c = job("hostdev", true, false);
   auto [cpu, dev] = cpu_and_device(c, 16, 5);
-  auto kc = cpu->new_kv_cache(2, 16), kd = dev->new_kv_cache(2, 16);
+  auto kc = cpu->generation().new_kv_cache(2, 16), kd = dev->generation().new_kv_cache(2, 16);
   const int64_t V = cpu->vocab_size();
   std::vector<int32_t> tok = {3, 7, 11, 13, 17}, seq = {0, 0, 0, 1, 1};
   for (int step = 0; step < 4; ++step) {
     std::vector<float> a(static_cast<size_t>(2 * V)), b(a.size());
     const auto n = static_cast<int64_t>(tok.size());
-    ASSERT_EQ(cpu->forward_cached(*kc, tok.data(), seq.data(), n, a.data()), 2);
-    ASSERT_EQ(dev->forward_cached(*kd, tok.data(), seq.data(), n, b.data()), 2);
+    ASSERT_EQ(cpu->generation().forward_cached(*kc, tok.data(), seq.data(), n, a.data()), 2);
+    ASSERT_EQ(dev->generation().forward_cached(*kd, tok.data(), seq.data(), n, b.data()), 2);
     EXPECT_EQ(a, b) << "step " << step;
     auto argmax = [&](size_t r) {
       return static_cast<int32_t>(std::max_element(a.begin() + static_cast<int64_t>(r) * V,

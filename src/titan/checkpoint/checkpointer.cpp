@@ -208,7 +208,7 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
   fs::create_directories(folder_, ec);
   check(!ec, "cannot create the checkpoint folder " + folder_ + " (" + ec.message() + ")");
   if (last && k.last_save_model_only) {
-    if (k.last_save_in_hf && cfg_.lora.merge_on_export && model.frozen_base_weights() > 0) {
+    if (k.last_save_in_hf && cfg_.lora.merge_on_export && models::frozen_weights(model) > 0) {
       // LoRA merged into the base weights for the export, which then get their own bits back.
       auto& m = const_cast<models::Model&>(model);
       m.merge_adapters(true);
@@ -239,7 +239,7 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
     }
     // A LoRA model's Hugging Face save without merging is its PEFT adapter alone.
     const bool adapter = k.last_save_in_hf && !cfg_.lora.merge_on_export &&
-                         model.hf_weights_file() != "model.safetensors";
+                         model.hf().hf_weights_file() != "model.safetensors";
     log::info(std::string(adapter ? "Saved the LoRA adapter (" : "Saved the model (") +
               k.export_dtype +
               (adapter             ? ", PEFT"

@@ -36,7 +36,7 @@ void write_hf_extras(const fs::path& tmp, const models::Model& model, const std:
   json base;
   if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "config.json"))
     base = read_json(fs::path(source_dir) / "config.json");
-  write_json(tmp / model.hf_config_file(), model.hf_config(base, dtype));
+  write_json(tmp / model.hf().hf_config_file(), model.hf().hf_config(base, dtype));
   test::kill_point("export:config");
   json gen = {{"_from_model_config", true}};
   if (!source_dir.empty() && fs::exists(fs::path(source_dir) / "generation_config.json")) {
@@ -60,7 +60,7 @@ void write_hf_extras(const fs::path& tmp, const models::Model& model, const std:
 
 void HfPart::add_unit(const models::Model& model, int64_t unit, const std::string& dtype) {
   const DType dt = export_dtype(dtype);
-  for (const auto& t : model.hf_tensors()) {
+  for (const auto& t : model.hf().hf_tensors()) {
     if (model.param(t.fqn).group != unit) continue;
     const int64_t n = numel_of(t.shape);
     storage_.emplace_back(static_cast<size_t>(n) * dtype_size(dt));
@@ -95,12 +95,12 @@ void export_hf(const std::string& dir, const models::Model& model, const std::st
   const fs::path tmp = temp_sibling(dst);
   try {
     std::vector<std::vector<uint8_t>> storage;
-    if (model.hf_weights_file() == "model.safetensors")
+    if (model.hf().hf_weights_file() == "model.safetensors")
       write_model(tmp.string(), model_tensors(model, dt, true, &storage), max_shard_bytes,
                   {{"format", "pt"}});
     else  // adapters (PEFT's adapter_model.safetensors): small, one file
-      write_file((tmp / model.hf_weights_file()).string(), model_tensors(model, dt, true, &storage),
-                 {{"format", "pt"}});
+      write_file((tmp / model.hf().hf_weights_file()).string(),
+                 model_tensors(model, dt, true, &storage), {{"format", "pt"}});
     test::kill_point("export:model");
     write_hf_extras(tmp, model, dtype, source_dir);
     write_checksums(tmp.string());

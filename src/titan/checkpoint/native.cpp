@@ -64,7 +64,7 @@ std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, boo
     out.push_back({key, dt, shape, data});
   };
   if (hf_keys) {
-    for (const auto& t : model.hf_tensors())
+    for (const auto& t : model.hf().hf_tensors())
       add(t.key, t.shape, model.store().param_data() + t.offset);
     return out;
   }
@@ -166,7 +166,7 @@ void read_weights(models::Model& model, const SafetensorsSet& set, const std::st
     Progress progress("loading " + path, set.total_bytes());
     set.set_progress(&progress);
     try {
-      model.load_hf(set, path, only);
+      model.hf().load_hf(set, path, only);
     } catch (...) {
       set.set_progress(nullptr);
       throw;
@@ -202,9 +202,9 @@ void load_model_weights(models::Model& model, const std::string& path, bool hf, 
   }
   // Adapters (PEFT's adapter_model.safetensors) in a directory: that file.
   const bool adapter =
-      hf && model.hf_weights_file() != "model.safetensors" && fs::is_directory(path, ec);
-  SafetensorsSet set =
-      SafetensorsSet::open(adapter ? (fs::path(path) / model.hf_weights_file()).string() : path);
+      hf && model.hf().hf_weights_file() != "model.safetensors" && fs::is_directory(path, ec);
+  SafetensorsSet set = SafetensorsSet::open(
+      adapter ? (fs::path(path) / model.hf().hf_weights_file()).string() : path);
   if (sums && hf) {  // the model reads in its own order: check first, hashing the mappings
     std::map<std::string, Mapped> mapped;
     for (const auto& [name, f] : files_in(path, {&set})) mapped[name] = {f->bytes(), f->size()};

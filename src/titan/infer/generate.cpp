@@ -297,7 +297,8 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
             (eos_list.empty() ? "none" : eos_list) + ", weights in " +
             cfg.training.mixed_precision_param);
   const auto P = static_cast<int64_t>(prompts.size());
-  auto cache = m->new_kv_cache(P, context);
+  models::Generator& kv = m->generation();
+  auto cache = kv.new_kv_cache(P, context);
   GenerateResult res;
   res.completions.resize(static_cast<size_t>(P));
   std::vector<float> logits(static_cast<size_t>(P * V));
@@ -313,21 +314,21 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
     printed = std::max(printed, t.size());
   };
   {  // first use, untimed: the bf16 weight copy, the kernels' set-up
-    auto warm = m->new_kv_cache(1, 1);
+    auto warm = kv.new_kv_cache(1, 1);
     const int32_t seq0 = 0;
-    m->forward_cached(*warm, prompts[0].ids.data(), &seq0, 1, logits.data());
+    kv.forward_cached(*warm, prompts[0].ids.data(), &seq0, 1, logits.data());
   }
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   int64_t prefill_tokens = 0;
-  const int64_t per_call = m->max_new_per_call();
+  const int64_t per_call = kv.max_new_per_call();
   for (int64_t p = 0; p < P; ++p) {
     const auto& ids = prompts[static_cast<size_t>(p)].ids;
     res.completions[static_cast<size_t>(p)].prompt_ids = ids;
     for (int64_t at = 0; at < std::ssize(ids); at += per_call) {
       const int64_t n = std::min<int64_t>(per_call, std::ssize(ids) - at);
       std::vector<int32_t> seq(static_cast<size_t>(n), static_cast<int32_t>(p));
-      m->forward_cached(*cache, ids.data() + at, seq.data(), n, logits.data() + p * V);
+      kv.forward_cached(*cache, ids.data() + at, seq.data(), n, logits.data() + p * V);
     }
     prefill_tokens += std::ssize(ids);
   }
@@ -356,7 +357,7 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
     }
     active = std::move(still);
     if (active.empty()) break;
-    m->forward_cached(*cache, toks.data(), active.data(), std::ssize(active), logits.data());
+    kv.forward_cached(*cache, toks.data(), active.data(), std::ssize(active), logits.data());
     decode_tokens += std::ssize(active);
   }
   const double decode_s = std::chrono::duration<double>(clock::now() - t0).count();

@@ -62,7 +62,7 @@ LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool all
                                            : o.alpha / static_cast<double>(o.rank));
   leaves_ = lora_target_leaves(o.target_modules);
   std::map<std::string, std::string> hf_module;  // base FQN -> HF module name
-  for (const auto& t : base_->hf_tensors()) hf_module[t.fqn] = strip_weight(t.key);
+  for (const auto& t : base_->hf().hf_tensors()) hf_module[t.fqn] = strip_weight(t.key);
   // MoE: the feed-forward projections are not adapted (neither the experts nor the dense layers:
   // PEFT reads gate_proj/up_proj/down_proj of a Qwen3-MoE model as its fused experts).
   bool moe = false;

@@ -54,7 +54,10 @@ struct LoraOptions {
 // titan::Error naming lora.target_modules for an unknown name or an empty list.
 std::vector<std::string> lora_target_leaves(const std::string& list);
 
-class LoraModel final : public Model, public LinearHooks {
+class LoraModel final : public Model,
+                        public LinearHooks,
+                        public Generator,
+                        public StateDictAdapter {
  public:
   // allocate = false: a plan-only model (params() only). Throws titan::Error when no parameter
   // of the base matches the targets.
@@ -74,8 +77,6 @@ class LoraModel final : public Model, public LinearHooks {
   void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) override;
   void zero_grad() override { store_->zero_grads(); }
   Model* frozen_base() override { return base_.get(); }
-  int64_t frozen_base_weights() const override { return base_->num_params(); }
-  int64_t frozen_base_bytes() const override { return base_->store().master_bytes(); }
   void merge_adapters(bool merge) override;
 
   // ---- compute: the base's, with the adapters hooked into its linear layers
@@ -88,15 +89,19 @@ class LoraModel final : public Model, public LinearHooks {
     store_->sync_device();
     base_->forward_logits(b, out);
   }
+  // Generation: the base's, with the adapters' weights sent to its device first.
+  Generator* generator() override { return base_->generator() ? this : nullptr; }
   std::unique_ptr<KvCache> new_kv_cache(int64_t n_seq, int64_t max_len) override {
-    return base_->new_kv_cache(n_seq, max_len);
+    return base_->generation().new_kv_cache(n_seq, max_len);
   }
   int64_t forward_cached(KvCache& cache, const int32_t* tokens, const int32_t* seq, int64_t n,
                          float* logits) override {
     store_->sync_device();
-    return base_->forward_cached(cache, tokens, seq, n, logits);
+    return base_->generation().forward_cached(cache, tokens, seq, n, logits);
   }
-  int64_t max_new_per_call() const override { return base_->max_new_per_call(); }
+  int64_t max_new_per_call() const override {
+    return const_cast<Model&>(*base_).generation().max_new_per_call();
+  }
 
   // The work done per token: the base's forward and its input gradients (4 per frozen weight,
   // no weight gradients) plus 6 per adapter parameter, and the base's attention term.
@@ -106,11 +111,11 @@ class LoraModel final : public Model, public LinearHooks {
     return base_->activation_table();
   }
   void finish_step() override { base_->finish_step(); }
-  std::optional<double> aux_loss_coef() const override { return base_->aux_loss_coef(); }
-  double last_aux_loss() const override { return base_->last_aux_loss(); }
-  std::vector<ExpertLoad> expert_load() const override { return base_->expert_load(); }
+  const RoutingStats* routing() const override { return base_->routing(); }
 
-  // ---- PEFT's adapter directory
+  // ---- PEFT's adapter directory (this model's StateDictAdapter)
+  StateDictAdapter& hf() override { return *this; }
+  const StateDictAdapter& hf() const override { return *this; }
   std::vector<HfTensor> hf_tensors() const override;
   // Reads the adapters from an adapter_model.safetensors (PEFT keys); missing, unexpected and
   // mis-shaped keys in one error naming `where`.

@@ -11,12 +11,10 @@ const ParamInfo& Model::param(const std::string& fqn) const {
   throw Error("no parameter named '" + fqn + "' in the model");
 }
 
-std::unique_ptr<KvCache> Model::new_kv_cache(int64_t, int64_t) {
-  throw Error("this model does not support generation (no key/value cache)");
-}
-
-int64_t Model::forward_cached(KvCache&, const int32_t*, const int32_t*, int64_t, float*) {
-  throw Error("this model does not support generation (no key/value cache)");
+Generator& Model::generation() {
+  Generator* g = generator();
+  check(g != nullptr, "this model does not support generation (no key/value cache)");
+  return *g;
 }
 
 std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params) {

@@ -154,7 +154,7 @@ class LinearHooks {
 };
 
 // Generation (titan generate): the keys and values of every layer for a set of sequences, so
-// that each new token runs through the model once. Made by Model::new_kv_cache.
+// that each new token runs through the model once. Made by Generator::new_kv_cache.
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -164,61 +164,13 @@ class KvCache {
   virtual void clear(int64_t seq) = 0;            // the sequence starts again, empty
 };
 
-// The FSDP units (models/param_store.h) of a parameter list, from its groups.
-std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params);
-
-class Model {
+// Generation: a model's forward over a key/value cache (Model::generator()).
+class Generator {
  public:
-  virtual ~Model() = default;
-
-  // ---- parameters and buffers
-  virtual const std::vector<ParamInfo>& params() const = 0;
-  // Where the parameters are stored (models/param_store.h): the fp32 masters (host copy off the
-  // CPU), the gradients in the model's memory, the compute copy, the FSDP units' hold and give
-  // back.
-  virtual ParamStore& store() = 0;
-  virtual const ParamStore& store() const = 0;
-  int64_t num_params() const { return store().size(); }  // unique parameters (the flat buffers)
-  virtual std::string device() const { return "cpu"; }
-  // Tensor parallelism: the model's slice (set at construction) and the collectives of its tp
-  // group (models/tensor_parallel.h); a model built whole ignores them.
-  virtual TpSlice tp_slice() const { return {}; }
-  virtual void set_tp_hooks(TpHooks* /*h*/) {}
-  // Hooks on the linear layers (none by default); a model that has none ignores them.
-  virtual void set_linear_hooks(LinearHooks* /*h*/) {}
-  // Adapters (models/lora.h): the frozen model they adapt, or null for an ordinary model.
-  virtual Model* frozen_base() { return nullptr; }
-  // The number of frozen weights it holds, and the bytes they occupy (0 for an ordinary model).
-  virtual int64_t frozen_base_weights() const { return 0; }
-  virtual int64_t frozen_base_bytes() const { return 0; }
-  // Adapters: fold them into the base weights (merge) or give the base back its own weights.
-  virtual void merge_adapters(bool /*merge*/) {}
-  // The persistent buffers, writable through data.
-  virtual std::vector<BufferInfo> buffers() const = 0;
-  const ParamInfo& param(const std::string& fqn) const;  // throws titan::Error when absent
-  float* param_ptr(const std::string& fqn) { return store().param_data() + param(fqn).offset; }
-  float* grad_ptr(const std::string& fqn) { return store().grads() + param(fqn).offset; }
-  virtual int64_t vocab_size() const = 0;
-
-  // Seeded init (torchtitan/HF: Linear and embeddings N(0, std), norms 1), independent of
-  // threads; unit >= 0: only that unit's tensors (the same values as a whole init gives them).
-  virtual void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) = 0;
-  virtual void zero_grad() = 0;
-
-  // ---- compute
-  // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
-  // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count. An
-  // auxiliary loss (aux_loss_coef()) adds coef · aux_weight · aux to the microbatch's loss.
-  virtual ops::LossSum forward_backward(const Batch& b, float grad_scale,
-                                        float aux_weight = 1.0f) = 0;
-  virtual ops::LossSum forward_loss(const Batch& b) = 0;
-  // All logits, out[B·S, V]; for evaluation and parity checks.
-  virtual void forward_logits(const Batch& b, float* out) = 0;
-
-  // ---- generation
+  virtual ~Generator() = default;
   // A cache for n_seq sequences of up to max_len tokens each; throws titan::Error when the model
-  // cannot serve it (no generation support, max_len beyond the model's positions).
-  virtual std::unique_ptr<KvCache> new_kv_cache(int64_t n_seq, int64_t max_len);
+  // cannot serve it (max_len beyond the model's positions).
+  virtual std::unique_ptr<KvCache> new_kv_cache(int64_t n_seq, int64_t max_len) = 0;
   // Runs n new tokens through the model: tokens[i] is appended to sequence seq[i] at the next
   // position (a sequence's tokens in order), attending to everything cached for it before and to
   // its own earlier new tokens. logits[r, V] ← the logits of the last new token of each sequence
@@ -226,25 +178,24 @@ class Model {
   // most max_new_per_call(). Same kernels and precision as forward_logits: the logits of a prompt
   // fed at once equal forward_logits' last rows up to the attention's summation order.
   virtual int64_t forward_cached(KvCache& cache, const int32_t* tokens, const int32_t* seq,
-                                 int64_t n, float* logits);
-  virtual int64_t max_new_per_call() const { return 0; }
+                                 int64_t n, float* logits) = 0;
+  virtual int64_t max_new_per_call() const = 0;
+};
 
-  // ---- FLOPs (torchtitan's formula) for MFU
-  virtual double flops_per_token(int64_t seq_len) const = 0;
-  virtual int64_t num_flop_params() const = 0;
-
-  // ---- memory
-  virtual const std::vector<TensorSize>& activation_table() const = 0;
-
-  // ---- step hooks and statistics
-  // End of an optimizer step, before the update (torchtitan's optimizer pre-step hooks).
-  virtual void finish_step() {}
+// What a model with routed experts reports of its routing (Model::routing()).
+class RoutingStats {
+ public:
+  virtual ~RoutingStats() = default;
   // The auxiliary loss coefficient when the model has one switched on, and its last value.
-  virtual std::optional<double> aux_loss_coef() const { return std::nullopt; }
-  virtual double last_aux_loss() const { return 0; }
-  virtual std::vector<ExpertLoad> expert_load() const { return {}; }
+  virtual std::optional<double> aux_loss_coef() const = 0;
+  virtual double last_aux_loss() const = 0;
+  virtual std::vector<ExpertLoad> expert_load() const = 0;
+};
 
-  // ---- Hugging Face adapter
+// The Hugging Face form of a model's parameters (torchtitan's StateDictAdapter; Model::hf()).
+class StateDictAdapter {
+ public:
+  virtual ~StateDictAdapter() = default;
   // Every HF tensor of the model (a tied lm_head omitted); for adapters, PEFT's keys.
   virtual std::vector<HfTensor> hf_tensors() const = 0;
   // Copies every parameter from an HF state dict; missing, unexpected and mis-shaped keys are
@@ -260,5 +211,83 @@ class Model {
   // empty) so that fields titan does not model are kept; dtype is the export dtype's torch name.
   virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;
 };
+
+// The FSDP units (models/param_store.h) of a parameter list, from its groups.
+std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params);
+
+// A model's compute and what it declares (its parameters, activations and FLOPs); storage,
+// generation, routing statistics and the Hugging Face form are its parts above.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // ---- parameters and buffers
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  // Where the parameters are stored (models/param_store.h): the fp32 masters (host copy off the
+  // CPU), the gradients in the model's memory, the compute copy, the FSDP units' hold and give
+  // back.
+  virtual ParamStore& store() = 0;
+  virtual const ParamStore& store() const = 0;
+  int64_t num_params() const { return store().size(); }  // unique parameters (the flat buffers)
+  // The persistent buffers, writable through data.
+  virtual std::vector<BufferInfo> buffers() const = 0;
+  const ParamInfo& param(const std::string& fqn) const;  // throws titan::Error when absent
+  float* param_ptr(const std::string& fqn) { return store().param_data() + param(fqn).offset; }
+  float* grad_ptr(const std::string& fqn) { return store().grads() + param(fqn).offset; }
+  virtual int64_t vocab_size() const = 0;
+  virtual std::string device() const { return "cpu"; }
+  // Seeded init (torchtitan/HF: Linear and embeddings N(0, std), norms 1), independent of
+  // threads; unit >= 0: only that unit's tensors (the same values as a whole init gives them).
+  virtual void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) = 0;
+  virtual void zero_grad() = 0;
+
+  // ---- hooks: tensor parallelism (the model's slice, set at construction, and its tp group's
+  // collectives, models/tensor_parallel.h; a model built whole ignores them) and the linear
+  // layers' extra terms (none by default)
+  virtual TpSlice tp_slice() const { return {}; }
+  virtual void set_tp_hooks(TpHooks* /*h*/) {}
+  virtual void set_linear_hooks(LinearHooks* /*h*/) {}
+
+  // ---- adapters (models/lora.h): the frozen model they adapt (null for an ordinary model);
+  // fold them into its weights (merge) or give it back its own weights
+  virtual Model* frozen_base() { return nullptr; }
+  const Model* frozen_base() const { return const_cast<Model*>(this)->frozen_base(); }
+  virtual void merge_adapters(bool /*merge*/) {}
+
+  // ---- compute
+  // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale
+  // (1 / valid tokens of the whole step). Returns Σ CE over valid labels and their count. An
+  // auxiliary loss (routing()->aux_loss_coef()) adds coef · aux_weight · aux to the microbatch's
+  // loss.
+  virtual ops::LossSum forward_backward(const Batch& b, float grad_scale,
+                                        float aux_weight = 1.0f) = 0;
+  virtual ops::LossSum forward_loss(const Batch& b) = 0;
+  // All logits, out[B·S, V]; for evaluation and parity checks.
+  virtual void forward_logits(const Batch& b, float* out) = 0;
+  // End of an optimizer step, before the update (torchtitan's optimizer pre-step hooks).
+  virtual void finish_step() {}
+
+  // ---- what it declares: FLOPs (torchtitan's formula) for MFU, the size table
+  virtual double flops_per_token(int64_t seq_len) const = 0;
+  virtual int64_t num_flop_params() const = 0;
+  virtual const std::vector<TensorSize>& activation_table() const = 0;
+
+  // ---- its parts: generation (null when it has none; generation() throws titan::Error then),
+  // routing statistics (null without routed experts), the Hugging Face form
+  virtual Generator* generator() { return nullptr; }
+  Generator& generation();
+  virtual const RoutingStats* routing() const { return nullptr; }
+  virtual StateDictAdapter& hf() = 0;
+  virtual const StateDictAdapter& hf() const = 0;
+};
+
+// The frozen weights a model holds (its frozen base's, models/lora.h) and the bytes they occupy;
+// 0 for an ordinary model.
+inline int64_t frozen_weights(const Model& m) {
+  return m.frozen_base() ? m.frozen_base()->num_params() : 0;
+}
+inline int64_t frozen_bytes(const Model& m) {
+  return m.frozen_base() ? m.frozen_base()->store().master_bytes() : 0;
+}
 
 }  // namespace titan::models

@@ -150,7 +150,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       // (under bf16 the projections as their compute copy only, counted on that line)
       {bf16 ? "frozen base weights (fp32 norms, embedding; LoRA)"
             : "frozen base weights (fp32; LoRA)",
-       m.frozen_base_bytes()},
+       models::frozen_bytes(m)},
       {split ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
       {split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
       {split ? "optimizer state (AdamW; fp32" + shard
@@ -200,10 +200,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     if (!k.initial_load_path.empty() && !k.initial_load_in_hf && t.device == "cpu")
       plan.lines.push_back({"initial weights: whole before sharding (given back)", 4 * local});
   }
-  if (bf16 && m.frozen_base_weights() > 0) {
+  if (bf16 && models::frozen_weights(m) > 0) {
     // LoRA under bf16: the base is read (or initialized) in fp32 whole, then each unit's
     // projections are copied to bf16 and their fp32 pages given back: the peak holds them twice.
-    const int64_t proj_fp32 = 4 * m.frozen_base_weights() - m.frozen_base_bytes();
+    const int64_t proj_fp32 = 4 * models::frozen_weights(m) - models::frozen_bytes(m);
     plan.lines.push_back(
         {"frozen base at load: fp32 projections (peak)", proj_fp32 / 2});  // beyond their bf16 copy
   }

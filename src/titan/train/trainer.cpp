@@ -222,8 +222,8 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                   static_cast<long long>(model_->params()[0].shape[0]), cfg_.lora.alpha,
                   cfg_.lora.target_modules.c_str(), with_commas(model_->num_params()).c_str(),
                   100.0 * static_cast<double>(model_->num_params()) /
-                      static_cast<double>(model_->frozen_base_weights()),
-                  with_commas(model_->frozen_base_weights()).c_str());
+                      static_cast<double>(models::frozen_weights(*model_)),
+                  with_commas(models::frozen_weights(*model_)).c_str());
     log::info(buf);
   }
 
@@ -453,22 +453,23 @@ StepResult Trainer::step() {
   const int64_t microbatches = grad_accum_ * dims_.batch();
   double loss_sum = 0, aux_sum = 0;
   const float aux_weight = 1.0f / static_cast<float>(microbatches);
+  const models::RoutingStats* routing = model_->routing();
   for (int64_t a = 0; a < grad_accum_; ++a) {
     models::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
                     labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
     loss_sum += model_->forward_backward(b, scale, aux_weight).sum;
-    aux_sum += model_->last_aux_loss();
+    if (routing) aux_sum += routing->last_aux_loss();
   }
   test::kill_point("step:backward");
   mesh_.batch->all_reduce(&loss_sum, 1);
   mesh_.batch->all_reduce(&aux_sum, 1);
   tokens_seen_ += grad_accum_ * mb_tokens * dims_.batch();
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
-  if (const auto coef = model_->aux_loss_coef()) {
+  if (const auto coef = routing ? routing->aux_loss_coef() : std::nullopt) {
     r.aux_loss = aux_sum / static_cast<double>(microbatches);
     r.loss += *coef * r.aux_loss;
   }
-  for (const auto& load : model_->expert_load()) {
+  for (const auto& load : routing ? routing->expert_load() : std::vector<models::ExpertLoad>{}) {
     mesh_.batch->all_reduce(load.tokens->data(), static_cast<int64_t>(load.tokens->size()));
     // EP over the tp ranks: each routed its own rows (Qwen3Model::moe_local).
     if (dims_.tp > 1 && dims_.ep > 1)
@@ -725,7 +726,7 @@ void Trainer::train() {
   char buf[256];
   std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);
   log::info(buf);
-  int64_t total = model_->frozen_base_weights();  // LoRA: the frozen base, then the adapters
+  int64_t total = models::frozen_weights(*model_);  // LoRA: the frozen base, then the adapters
   for (const auto& p : model_->params()) {
     int64_t whole = 1;  // a tensor-parallel slice: the whole tensor's
     for (int64_t x : p.shape) whole *= x;
@@ -827,7 +828,7 @@ void Trainer::train() {
     for (const auto& e : model_->activation_table())
       if (e.name.find("moe.router.weights") != std::string::npos) moe.top_k = e.shape[1];
     moe.ep_local = dims_.ep > 1;
-    moe.aux = model_->aux_loss_coef().has_value();
+    moe.aux = model_->routing() && model_->routing()->aux_loss_coef().has_value();
     const double theory = parallel::TensorParallel::theory_bytes(
         cfg_, dims_.tp, layers, D, d, t.local_batch_size * t.seq_len, grad_accum_, moe);
     const double sent = static_cast<double>(tp_comm_bytes_) / steps;

@@ -99,6 +99,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       max_seq_(max_seq),
       rope_ops_(std::move(rope_ops)),
       experts_ops_(std::move(experts_ops)) {
+  hf_ = std::make_unique<Qwen3StateDictAdapter>(*this);
   ac_ = ac;
   a_.validate();
   check(max_seq <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq) +
@@ -1151,18 +1152,9 @@ double Qwen3Model::flops_per_token(int64_t seq_len) const {
          6.0 * static_cast<double>(a_.n_layers * a_.n_heads * 2 * a_.head_dim * seq_len);
 }
 
-std::vector<models::HfTensor> Qwen3Model::hf_tensors() const {
-  check(!tp_.active(), "the Hugging Face tensors are those of a whole model (gather the slices)");
-  return qwen3::hf_tensors(*this);
-}
+Qwen3Model::~Qwen3Model() = default;
 
-void Qwen3Model::load_hf(const TensorSource& src, const std::string& where,
-                         const std::vector<models::FlatRange>* only) {
-  load_hf_weights(*this, src, where, only);
-}
-
-nlohmann::json Qwen3Model::hf_config(const nlohmann::json& base, const std::string& dtype) const {
-  return hf_config_json(a_, base, dtype);
-}
+models::StateDictAdapter& Qwen3Model::hf() { return *hf_; }
+const models::StateDictAdapter& Qwen3Model::hf() const { return *hf_; }
 
 }  // namespace titan::qwen3

@@ -39,6 +39,7 @@
 // (models::BuildOptions::sharded).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,7 +60,11 @@ using models::Batch;
 using models::BufferInfo;
 using models::ParamInfo;
 
-class Qwen3Model final : public models::Model {
+class Qwen3StateDictAdapter;
+
+class Qwen3Model final : public models::Model,
+                         public models::Generator,
+                         public models::RoutingStats {
  public:
   // rope_ops: the RoPE kernel pair of each layer (from the module tree and its overrides);
   // empty means the built-in cos/sin RoPE everywhere.
@@ -73,6 +78,8 @@ class Qwen3Model final : public models::Model {
              std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
              models::AcPolicy ac = {}, DType compute = DType::F32, bool trainable = true,
              models::TpSlice tp = {}, const std::string& device = "cpu", bool sharded = false);
+
+  ~Qwen3Model() override;
 
   const Qwen3Args& args() const { return a_; }
   const std::vector<ParamInfo>& params() const override { return params_; }
@@ -111,12 +118,14 @@ class Qwen3Model final : public models::Model {
   // forward_cached runs its tokens as one microbatch row (at most batch·seq_len tokens) through
   // the training forward's kernels, with attention_cached in place of attention_fwd (fp32 also
   // under bf16 mixed precision, where the GEMMs run on the bf16 weight copy as in training).
+  models::Generator* generator() override { return this; }
   std::unique_ptr<models::KvCache> new_kv_cache(int64_t n_seq, int64_t max_len) override;
   int64_t forward_cached(models::KvCache& cache, const int32_t* tokens, const int32_t* seq,
                          int64_t n, float* logits) override;
   int64_t max_new_per_call() const override { return max_tokens_; }
 
-  // ---- MoE state
+  // ---- MoE state (models::RoutingStats; a dense model's are empty)
+  const models::RoutingStats* routing() const override { return this; }
   // The auxiliary load-balancing loss of the last forward (HF load_balancing_loss_func over all
   // MoE layers' router probabilities, pooled; no coefficient); 0 for a dense model.
   double last_aux_loss() const override { return aux_loss_; }
@@ -141,10 +150,8 @@ class Qwen3Model final : public models::Model {
   const std::vector<models::TensorSize>& activation_table() const override { return sizes_; }
 
   // ---- Hugging Face adapter (state_dict_adapter.h, hf_config.h)
-  std::vector<models::HfTensor> hf_tensors() const override;
-  void load_hf(const TensorSource& src, const std::string& where,
-               const std::vector<models::FlatRange>* only = nullptr) override;
-  nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const override;
+  models::StateDictAdapter& hf() override;
+  const models::StateDictAdapter& hf() const override;
 
  private:
   struct Layer {
@@ -270,6 +277,7 @@ class Qwen3Model final : public models::Model {
   int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
   std::optional<models::ParamStore> store_;  // made once the layout is known
+  std::unique_ptr<Qwen3StateDictAdapter> hf_;
   std::vector<Layer> layers_;
   int64_t tok_emb_ = 0, norm_ = 0, lm_head_ = 0;
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "titan/core/error.h"
+#include "titan/models/qwen3/hf_config.h"
 
 namespace titan::qwen3 {
 namespace {
@@ -238,6 +239,17 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
       if (lo < hi) read_held(lo - p.offset, hi - p.offset);
     }
   }
+}
+
+std::vector<HfTensor> Qwen3StateDictAdapter::hf_tensors() const {
+  check(!m_.tp_slice().active(),
+        "the Hugging Face tensors are those of a whole model (gather the slices)");
+  return qwen3::hf_tensors(m_);
+}
+
+nlohmann::json Qwen3StateDictAdapter::hf_config(const nlohmann::json& base,
+                                                const std::string& dtype) const {
+  return hf_config_json(m_.args(), base, dtype);
 }
 
 }  // namespace titan::qwen3

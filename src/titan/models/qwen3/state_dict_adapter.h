@@ -33,4 +33,21 @@ std::string from_hf_key(const std::string& key);
 void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::string& where,
                      const std::vector<models::FlatRange>* only = nullptr);
 
+// The model's models::StateDictAdapter (Qwen3Model::hf()): the functions above and config.json
+// (hf_config.h). A model built for a tensor-parallel slice has no HF tensors of its own (the
+// trainer gathers a whole model first).
+class Qwen3StateDictAdapter final : public models::StateDictAdapter {
+ public:
+  explicit Qwen3StateDictAdapter(Qwen3Model& model) : m_(model) {}
+  std::vector<HfTensor> hf_tensors() const override;
+  void load_hf(const TensorSource& src, const std::string& where,
+               const std::vector<models::FlatRange>* only = nullptr) override {
+    load_hf_weights(m_, src, where, only);
+  }
+  nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const override;
+
+ private:
+  Qwen3Model& m_;
+};
+
 }  // namespace titan::qwen3
