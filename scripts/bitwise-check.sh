@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Records what a refactoring must leave bitwise unchanged: the loss and grad norm of every step of
 # a set of short runs (one process fp32 and bf16, FSDP 2, TP 2, FSDP 2 x EP 2, LoRA) and the
-# SHA-256 of every file their Hugging Face exports wrote. Run it with the binary before and after
+# SHA-256 of every file their Hugging Face exports wrote; also the byte counts of their end-of-run
+# communication reports and the memory plans of the same layouts. Run it with the binary before and after
 # a change and diff the two digests:
 #   scripts/bitwise-check.sh OLD/titan /tmp/before.txt
 #   scripts/bitwise-check.sh build/titan /tmp/after.txt
@@ -26,6 +27,14 @@ for line in open(sys.argv[1]):
         print(sys.argv[2], r["step"], repr(r["loss"]), repr(r["grad_norm"]))
 EOF
   (cd "$dir" && find checkpoint -type f | sort | xargs -r sha256sum | sed "s|^|$name |") >>"$digest"
+  # the reports' byte counts (their times vary from run to run)
+  grep -o 'INFO - [A-Za-z ]*per step and rank[^,]*, [0-9.]* MiB in theory[^(]*' "$work/$name.log" |
+    sed "s|^INFO - |$name |" >>"$digest" || true
+}
+plan() {  # name titan args...: the memory plan, without the lines measured from the process
+  local name=$1; shift
+  "$titan" plan "$@" 2>/dev/null | grep -v 'process at start\|total\|GEMM probe' |
+    sed "s|^|plan $name |" >>"$digest" || true
 }
 run() {  # name launcher... -- titan args...
   local name=$1; shift
@@ -42,4 +51,11 @@ run tp2 "${mpi[@]}" -np 2 -- --config qwen3_debugmodel --parallelism.tensor_para
 run fsdp2_ep2 "${mpi[@]}" -np 4 -- --config qwen3_debugmodel_moe \
   --parallelism.expert_parallel_degree 2 --training.local_batch_size 2
 run lora env -- --config qwen3_debugmodel --lora.rank 8 --lora.alpha 16
+plan fp32 --config qwen3_debugmodel --training.mixed_precision_param float32
+plan bf16 --config qwen3_debugmodel
+plan fsdp2 --config qwen3_debugmodel --parallelism.data_parallel_shard_degree 2
+plan tp2 --config qwen3_debugmodel --parallelism.tensor_parallel_degree 2
+plan fsdp2_ep2 --config qwen3_debugmodel_moe --parallelism.data_parallel_shard_degree 2 \
+  --parallelism.expert_parallel_degree 2 --training.local_batch_size 2
+plan lora --config qwen3_debugmodel --lora.rank 8 --lora.alpha 16
 echo "bitwise-check: $(wc -l <"$digest") lines in $digest"

@@ -107,6 +107,7 @@ class LoraModel final : public Model,
   // no weight gradients) plus 6 per adapter parameter, and the base's attention term.
   double flops_per_token(int64_t seq_len) const override;
   int64_t num_flop_params() const override { return base_->num_flop_params(); }
+  ModelDims dims() const override { return base_->dims(); }
   const std::vector<TensorSize>& activation_table() const override {
     return base_->activation_table();
   }

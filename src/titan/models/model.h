@@ -212,6 +212,14 @@ class StateDictAdapter {
   virtual nlohmann::json hf_config(const nlohmann::json& base, const std::string& dtype) const = 0;
 };
 
+// A model's block dimensions, from its arguments (never parsed from parameter names), for the
+// reports and volume formulas that need them (tensor parallelism's bytes, the memory plan).
+struct ModelDims {
+  int64_t layers = 0, dim = 0, head_dim = 0;
+  int64_t experts = 0, top_k = 0;  // routed experts per MoE layer and per token (0: dense)
+  std::vector<bool> moe_layer;     // [layers]
+};
+
 // The FSDP units (models/param_store.h) of a parameter list, from its groups.
 std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params);
 
@@ -267,7 +275,8 @@ class Model {
   // End of an optimizer step, before the update (torchtitan's optimizer pre-step hooks).
   virtual void finish_step() {}
 
-  // ---- what it declares: FLOPs (torchtitan's formula) for MFU, the size table
+  // ---- what it declares: its dimensions, FLOPs (torchtitan's formula) for MFU, the size table
+  virtual ModelDims dims() const = 0;
   virtual double flops_per_token(int64_t seq_len) const = 0;
   virtual int64_t num_flop_params() const = 0;
   virtual const std::vector<TensorSize>& activation_table() const = 0;
@@ -288,6 +297,10 @@ inline int64_t frozen_weights(const Model& m) {
 }
 inline int64_t frozen_bytes(const Model& m) {
   return m.frozen_base() ? m.frozen_base()->store().master_bytes() : 0;
+}
+// Bytes of the bf16 compute copy a model computes with: its own, or (adapters) its frozen base's.
+inline int64_t compute_copy_bytes(const Model& m) {
+  return (m.frozen_base() ? m.frozen_base()->store() : m.store()).compute_copy_bytes();
 }
 
 }  // namespace titan::models

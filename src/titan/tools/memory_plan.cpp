@@ -119,9 +119,8 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   // buffers (rows sent, received, returned, their gradients: ≈ 4·T·K·(D + 1)).
   int64_t ep_bytes = 0;
   if (dims.ep > 1) {
-    int64_t D = 0, rows = 0;
-    for (const auto& s : m.activation_table())
-      if (s.name == "h_final" && s.shape.size() == 2) D = s.shape[1];
+    const int64_t D = m.dims().dim;
+    int64_t rows = 0;
     for (const auto& s : m.activation_table()) {
       if (s.name.size() < 18 || s.name.compare(s.name.size() - 18, 18, "moe.router.weights"))
         continue;
@@ -156,15 +155,24 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       {split ? "optimizer state (AdamW; fp32" + shard
              : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
        2 * ps},
-      {"saved activations (" + std::to_string(n_saved) + " tensors, AC " +
-           models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
-                                         cfg.activation_checkpoint.selective_ac_option)
-               .describe() +
-           ")",
-       saved},
-      {"workspaces (shared by the layers)", work},
-      {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
   };
+  if (bf16 && dp_shard == 1)  // FSDP: per unit, in the gathered units' line
+    plan.lines.push_back({"bf16 compute copy of the weights",
+                          static_cast<int64_t>(static_cast<double>(models::compute_copy_bytes(m)) *
+                                               static_cast<double>(local) /
+                                               static_cast<double>(std::max<int64_t>(1, whole)))});
+  plan.lines.insert(
+      plan.lines.end(),
+      {
+          {"saved activations (" + std::to_string(n_saved) + " tensors, AC " +
+               models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
+                                             cfg.activation_checkpoint.selective_ac_option)
+                   .describe() +
+               ")",
+           saved},
+          {"workspaces (shared by the layers)", work},
+          {"step batches (input, labels, positions; int32)", 3 * 4 * step_tokens},
+      });
   if (ep_bytes > 0)
     plan.lines.insert(plan.lines.end() - 1,
                       {"expert-parallel dispatch (rows received, exchange buffers)", ep_bytes});
@@ -208,12 +216,6 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
         {"frozen base at load: fp32 projections (peak)", proj_fp32 / 2});  // beyond their bf16 copy
   }
   if (bf16) {
-    if (dp_shard == 1)  // FSDP: per unit, in the gathered units' line
-      plan.lines.insert(plan.lines.begin() + 5,
-                        {"bf16 compute copy of the weights",
-                         static_cast<int64_t>(static_cast<double>(m.store().compute_copy_bytes()) *
-                                              static_cast<double>(local) /
-                                              static_cast<double>(std::max<int64_t>(1, whole)))});
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
     // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.
     if (!ops::bf16_gemm_native() && t.device == "cpu")

@@ -22,6 +22,7 @@
 #include "titan/ops/gemm.h"
 #include "titan/parallel/expert_parallel.h"
 #include "titan/tools/memory_plan.h"
+#include "titan/train/reports.h"
 #include "titan/train/weights_check.h"
 
 namespace titan::train {
@@ -806,81 +807,13 @@ void Trainer::train() {
       last_log += v.seconds;  // the training tps leaves validation time out
     }
   }
-  if (tp_ && step_ > first_step_) {
-    // The activations' collectives of the tp group against tensor_parallel.h's volume.
-    int64_t layers = 0, D = 0, d = 0;
-    for (const auto& p : model_->params()) {
-      if (p.fqn == "norm.weight") D = p.shape[0];
-      if (p.fqn == "layers.0.attention.q_norm.weight") d = p.shape[0];
-      const std::string tail = ".attention_norm.weight";
-      layers += p.fqn.size() > tail.size() &&
-                p.fqn.compare(p.fqn.size() - tail.size(), tail.size(), tail) == 0;
-    }
-    const double steps = static_cast<double>(step_ - first_step_);
-    parallel::TpMoe moe;  // the routing weights' shape [T, top_k], the gate's [E, D]
-    moe.is_moe.assign(static_cast<size_t>(layers), false);
-    for (const auto& p : model_->params())
-      if (p.fqn.find(".moe.router.gate.") != std::string::npos) {
-        ++moe.layers;
-        moe.experts = p.shape[0];
-        moe.is_moe[std::stoul(p.fqn.substr(7))] = true;  // "layers.<l>.moe..."
-      }
-    for (const auto& e : model_->activation_table())
-      if (e.name.find("moe.router.weights") != std::string::npos) moe.top_k = e.shape[1];
-    moe.ep_local = dims_.ep > 1;
-    moe.aux = model_->routing() && model_->routing()->aux_loss_coef().has_value();
-    const double theory = parallel::TensorParallel::theory_bytes(
-        cfg_, dims_.tp, layers, D, d, t.local_batch_size * t.seq_len, grad_accum_, moe);
-    const double sent = static_cast<double>(tp_comm_bytes_) / steps;
-    char buf[320];
-    std::snprintf(buf, sizeof buf,
-                  "Tensor parallelism per step and rank: %.3f MiB sent, %.3f MiB in theory for TP "
-                  "%lld%s (tp ratio %.4f), %.1f ms in the collectives (waiting for the other ranks "
-                  "included)",
-                  sent / 1048576.0, theory / 1048576.0, static_cast<long long>(dims_.tp),
-                  dims_.sp ? " with SP" : "", sent / theory, 1e3 * tp_seconds_ / steps);
-    log::info(buf);
-  }
-  if (dims_.batch() > 1 && step_ > first_step_) {
-    // Bytes this rank sent in the step's parameter gathers and gradient reductions, per step,
-    // against the ring-algorithm volume of the layout: FSDP's per-unit all-gathers and
-    // reduce-scatters within the shard group (parallel::Fsdp::theory_bytes_per_step), the
-    // all-reduce across R replicas 2·(R−1)/R of the shard's bytes (the norm's scalar is left out).
-    const double steps = static_cast<double>(step_ - first_step_);
-    const double R = static_cast<double>(dims_.dp_replicate);
-    const double shard =
-        4.0 * static_cast<double>(fsdp_ ? fsdp_->shard_len() : model_->num_params());
-    const double theory =
-        (fsdp_ ? fsdp_->theory_bytes_per_step(grad_accum_) : 0.0) + 2.0 * (R - 1) / R * shard;
-    const double sent = static_cast<double>(step_comm_bytes_) / steps;
-    char buf[320];
-    std::snprintf(buf, sizeof buf,
-                  "Communication per step and rank (gradients and parameters): %.3f MiB sent, "
-                  "%.3f MiB in theory for %s (ratio %.4f)",
-                  sent / 1048576.0, theory / 1048576.0, dims_.describe().c_str(), sent / theory);
-    log::info(buf);
-    if (dims_.ep > 1) {
-      const parallel::DispatchSeconds& t = ep_seconds_;
-      std::snprintf(buf, sizeof buf,
-                    "Expert parallelism per step and rank: %.3f MiB sent in the token dispatch "
-                    "and combine (4 all-to-alls of the routed rows per MoE layer and microbatch), "
-                    "%.1f ms in them (waiting for the other ranks included), %.1f ms in the "
-                    "experts op on the rows received",
-                    static_cast<double>(ep_comm_bytes_) / steps / 1048576.0,
-                    1e3 * t.exchange / steps, 1e3 * t.experts / steps);
-      log::info(buf);
-    }
-    if (fsdp_) {
-      std::snprintf(
-          buf, sizeof buf,
-          "FSDP: %.1f ms per step in parameter gathers and gradient reduce-scatters, "
-          "%.1f ms of it not hidden behind compute (overlap %.0f%%); resident memory "
-          "now %.3f GiB",
-          1e3 * fsdp_->comm_seconds() / steps, 1e3 * fsdp_->exposed_seconds() / steps,
-          100.0 * (1.0 - fsdp_->exposed_seconds() / std::max(fsdp_->comm_seconds(), 1e-12)),
-          static_cast<double>(cpu::current_rss_bytes()) / (1024.0 * 1024.0 * 1024.0));
-      log::info(buf);
-    }
+  if (step_ > first_step_) {
+    RunTotals r;
+    r.steps = static_cast<double>(step_ - first_step_);
+    r.microbatches = grad_accum_;
+    r.tp_bytes = tp_comm_bytes_, r.tp_seconds = tp_seconds_;
+    r.dp_bytes = step_comm_bytes_, r.ep_bytes = ep_comm_bytes_, r.ep_seconds = ep_seconds_;
+    log_parallel_reports(cfg_, dims_, *model_, fsdp_.get(), r);
   }
   log::info("Training completed");
 }

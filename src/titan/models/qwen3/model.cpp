@@ -1132,6 +1132,13 @@ std::vector<BufferInfo> Qwen3Model::buffers() const {
   return out;
 }
 
+models::ModelDims Qwen3Model::dims() const {
+  models::ModelDims d{a_.n_layers, a_.dim, a_.head_dim, 0, 0, {}};
+  for (int64_t l = 0; l < a_.n_layers; ++l) d.moe_layer.push_back(a_.moe_layer(l));
+  if (a_.n_moe_layers() > 0) d.experts = a_.num_experts, d.top_k = a_.top_k;
+  return d;
+}
+
 int64_t Qwen3Model::num_flop_params() const {
   int64_t n = 0;
   for (const auto& p : params_) {

@@ -142,6 +142,7 @@ class Qwen3Model final : public models::Model,
   // The persistent buffers (expert_bias per MoE layer); writable through data.
   std::vector<BufferInfo> buffers() const override;
 
+  models::ModelDims dims() const override;
   // torchtitan: 6·N (embedding excluded unless tied) + 6·L·H·2·head_dim·seq_len.
   double flops_per_token(int64_t seq_len) const override;
   // Parameters counted in the FLOPs formula (N above): for MoE, experts count K/E of theirs
