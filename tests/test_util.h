@@ -16,13 +16,15 @@
 namespace titan::testing {
 
 #ifdef TITAN_BINARY
-// The titan binary run with `args` (a shell string): its exit code and stdout+stderr together.
+// The titan binary run with `args` (a shell string), in the working directory cwd (empty: the
+// test's): its exit code and stdout+stderr together.
 struct CliResult {
   int code;
   std::string out;
 };
-inline CliResult run_titan(const std::string& args) {
-  std::string cmd = std::string(TITAN_BINARY) + " " + args + " 2>&1";
+inline CliResult run_titan(const std::string& args, const std::string& cwd = "") {
+  std::string cmd = (cwd.empty() ? std::string() : "cd '" + cwd + "' && ") +
+                    std::string(TITAN_BINARY) + " " + args + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];

@@ -97,4 +97,23 @@ TEST(CliCheckpoint, RandomInitIsLogged) {
   EXPECT_NE(out.find("Weights: random init with seed 5 "), std::string::npos) << out;
 }
 
+// A relative checkpoint.initial_load_path is the working directory's, and the log names the
+// absolute path that was loaded.
+TEST(CliCheckpoint, RelativeInitialLoadPathIsTheWorkingDirectorys) {
+  const std::string d = temp_dir() + "_relative";
+  const Result made = titan(
+      "train --config qwen3_debugmodel --training.steps 1 --checkpoint.enable "
+      "--dump_folder " +
+      d + "/run");
+  ASSERT_EQ(made.code, 0) << made.out;
+  const Result r = ::titan::testing::run_titan(
+      "generate --config qwen3_debugmodel --dataloader.tokenizer byte --prompt 'The ' --greedy "
+      "--max_new_tokens 2 --checkpoint.initial_load_path run/checkpoint/step-1",
+      d);
+  std::filesystem::remove_all(d);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Weights: loaded from " + d + "/run/checkpoint/step-1"), std::string::npos)
+      << r.out;
+}
+
 }  // namespace

@@ -140,7 +140,8 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
               ((slices && k.initial_load_in_hf) || held ? " (this rank's slices)" : ""));
   } else if (k.initial_load_in_hf) {
     load_model_weights(model, cfg_.model.hf_assets_path, true, true, slices);
-    log::info("Loaded Hugging Face weights from " + cfg_.model.hf_assets_path +
+    log::info("Loaded Hugging Face weights from " +
+              fs::absolute(cfg_.model.hf_assets_path).lexically_normal().string() +
               (slices || held ? " (this rank's slices)" : ""));
   }
   return std::nullopt;

@@ -140,7 +140,8 @@ void CheckpointConfig::visit(const FieldVisitor& f) {
   f("enable", &enable, "save checkpoints");
   f("folder", &folder, "checkpoint folder under dump_folder");
   f("interval", &interval, "save every N steps");
-  f("initial_load_path", &initial_load_path, "absolute path of a checkpoint to start from");
+  f("initial_load_path", &initial_load_path,
+    "a checkpoint to start from (relative: to the working directory)");
   f("initial_load_model_only", &initial_load_model_only,
     "load only the model from initial_load_path");
   f("initial_load_in_hf", &initial_load_in_hf,
@@ -496,6 +497,10 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
     c.job.config_file = file;
   }
   apply_flags(c, rest);
+  // A relative checkpoint.initial_load_path is the working directory's, as every other path is;
+  // made absolute here so that the logs and a saved config name the directory that was used.
+  auto& initial = c.checkpoint.initial_load_path;
+  if (!initial.empty()) initial = std::filesystem::absolute(initial).lexically_normal().string();
   validate(c);
   if (check_model) check_model(c);
   if (!c.debug.save_config_file.empty()) {
@@ -587,8 +592,6 @@ void validate(const JobConfig& c) {
   check(k.interval >= 1, "checkpoint.interval must be at least 1");
   check(k.keep_latest_k == 0 || k.keep_latest_k >= 2,
         "checkpoint.keep_latest_k must be 0 (keep all) or at least 2");
-  check(k.initial_load_path.empty() || k.initial_load_path[0] == '/',
-        "checkpoint.initial_load_path must be an absolute path, got '" + k.initial_load_path + "'");
   check(!k.initial_load_in_hf || k.initial_load_model_only,
         "checkpoint.initial_load_in_hf requires checkpoint.initial_load_model_only");
   check(!k.last_save_in_hf || k.last_save_model_only,

@@ -254,11 +254,13 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
   bo.device = cfg.training.device;  // the model, its key/value cache and logits there
   std::unique_ptr<models::Model> m = models::build_model(cfg, bo);
   const bool hf = cfg.checkpoint.initial_load_path.empty() || cfg.checkpoint.initial_load_in_hf;
-  ckpt::load_model_and_adapter(*m,
-                               cfg.checkpoint.initial_load_path.empty()
-                                   ? cfg.model.hf_assets_path
-                                   : cfg.checkpoint.initial_load_path,
-                               hf, cfg.lora.adapter_path);
+  const std::string weights = cfg.checkpoint.initial_load_path.empty()
+                                  ? cfg.model.hf_assets_path
+                                  : cfg.checkpoint.initial_load_path;
+  ckpt::load_model_and_adapter(*m, weights, hf, cfg.lora.adapter_path);
+  log::info("Weights: loaded from " +
+            std::filesystem::absolute(weights).lexically_normal().string() +
+            (hf ? " (Hugging Face)" : " (titan checkpoint)"));
   const int64_t V = m->vocab_size();
   for (size_t i = 0; i < prompts.size(); ++i)
     for (int32_t id : prompts[i].ids)

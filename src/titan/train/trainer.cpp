@@ -70,7 +70,8 @@ void load_lora_weights(const config::JobConfig& c, models::Model& m) {
   }
   if (k.initial_load_in_hf) {
     ckpt::load_model_and_adapter(m, c.model.hf_assets_path, true, c.lora.adapter_path);
-    log::info("LoRA: base weights from " + c.model.hf_assets_path);
+    log::info("LoRA: base weights from " +
+              std::filesystem::absolute(c.model.hf_assets_path).lexically_normal().string());
     return;
   }
   log::warn(
