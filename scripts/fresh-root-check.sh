@@ -240,6 +240,8 @@ fi
 cmd1="bash scripts/train-default.sh --training.steps $steps --metrics.log_freq 1"
 begin "README command 1: $cmd1"
 run_in_root "$cmd1"
+# the example plugins come with the first command (docs/extending.md uses them)
+run_in_root "ls build/plugins/libtitan_layout_rope.so build/plugins/libtitan_token_experts.so"
 ok
 
 # ---------------------------------------------------------------------------------------------
