@@ -4,8 +4,9 @@
 # model; the plugin ABI (plugin/plugin_api.h) depends on core, ops and config only; dist/ (the
 # communicators and the parallel layout) knows no model and no kernel; parallel/ (FSDP, tensor,
 # expert and loss parallelism) wraps a model through its interface, and the trainer installs it:
-# the model never sees it; tools/ (plot, memory plan, check-kernel) sit beside the training loop; infer/ (generation) uses a model through its interface,
-# as train/ does, and knows no kernel.
+# the model never sees it, and names no communicator or device; tools/ (plot, memory plan,
+# check-kernel) sit beside the training loop; infer/ (generation) uses a model through its
+# interface, as train/ does, and knows no kernel.
 # usage: scripts/check-layering.sh   (from anywhere; prints each violation, exits 1 if any)
 set -euo pipefail
 cd "$(dirname "$0")/../src/titan"
@@ -50,5 +51,10 @@ while IFS= read -r f; do
     fi
   done < <(sed -n 's/^#include "\(titan\/[^"]*\)".*/\1/p' "$f")
 done < <(find . -name '*.h' -o -name '*.cpp' -o -name '*.cu' | sed 's|^\./||' | sort)
+# The model computes through a backend: it names no communicator and no device.
+if grep -rn -E 'Communicator|"cuda"|\bnccl|\bMPI_' models; then
+  echo "layering: models/ names a communicator or a device (above)"
+  bad=1
+fi
 [ $bad = 0 ] && echo "layering: ok"
 exit $bad
