@@ -48,6 +48,16 @@ TEST(Cli, ConfigShowPrintsResolvedConfig) {
   EXPECT_NE(r.out.find("vocab_size=2048"), std::string::npos) << r.out;
 }
 
+// A config whose model folder does not exist yet is shown, with one line saying so.
+TEST(Cli, ConfigShowWithAMissingAssetFolderSaysSo) {
+  Result r =
+      titan("config show --config v5_qwen3_4b_finetune --model.hf_assets_path /nonexistent/q");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("hf_assets_path = \"/nonexistent/q\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# model.hf_assets_path '/nonexistent/q' does not exist"), std::string::npos)
+      << r.out;
+}
+
 TEST(Cli, ConfigListNamesEveryFlavor) {
   Result r = titan("config list");
   ASSERT_EQ(r.code, 0);

@@ -5,6 +5,7 @@
 //   titan config list
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -107,10 +108,14 @@ std::string take_config_name(std::vector<std::string>& args, const std::string& 
   return name;
 }
 
-titan::config::JobConfig build_config(std::vector<std::string> args, const std::string& cmd) {
+// check_model false: the model section is not checked against the model (config show prints a
+// config whose model directory is missing, and says so).
+titan::config::JobConfig build_config(std::vector<std::string> args, const std::string& cmd,
+                                      bool check_model = true) {
   load_modules(args);
   std::string name = take_config_name(args, cmd);
-  return titan::config::build_job_config(name, args, titan::models::validate_model_config);
+  return titan::config::build_job_config(
+      name, args, check_model ? titan::models::validate_model_config : nullptr);
 }
 
 std::string resolved_model(const titan::config::JobConfig& cfg) {
@@ -272,9 +277,22 @@ int run(std::vector<std::string> args) {
       return 0;
     }
     titan::check(sub == "show", "unknown 'titan config " + sub + "'; use show or list");
-    titan::config::JobConfig cfg = build_config(args, "config show");
+    titan::config::JobConfig cfg = build_config(args, "config show", false);
+    // A config whose model folder is not there yet (a seed config before the download) is shown
+    // all the same; anything else wrong with the model section is an error, as for train.
+    const std::string& assets = cfg.model.hf_assets_path;
+    std::string model;
+    if (!assets.empty() && !std::filesystem::exists(assets)) {
+      model = "# model.hf_assets_path '" + assets +
+              "' does not exist: the model is the config function's above; once the folder is "
+              "there its config.json sets the architecture (download it there, or pass "
+              "--model.hf_assets_path DIR)\n";
+    } else {
+      titan::models::validate_model_config(cfg);
+      model = resolved_model(cfg);
+    }
     std::printf("# config %s\n%s%s", "resolved", titan::config::to_string(cfg).c_str(),
-                resolved_model(cfg).c_str());
+                model.c_str());
     return 0;
   }
   throw titan::Error(
