@@ -48,6 +48,21 @@ TEST(Cli, ConfigShowPrintsResolvedConfig) {
   EXPECT_NE(r.out.find("vocab_size=2048"), std::string::npos) << r.out;
 }
 
+// eval's logits file: the log says with which weights they were computed and, under bf16, how to
+// compare them with Transformers' fp32 forward.
+TEST(Cli, EvalLogitsOutSaysThePrecision) {
+  const std::string fixture = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2";
+  const std::string out = ::testing::TempDir() + "titan_eval_logits.safetensors";
+  Result r = titan("eval --config qwen3_debugmodel --model.hf_assets_path " + fixture +
+                   " --training.seq_len 64 --eval.tokens_path " + fixture +
+                   "/expected.safetensors --eval.logits_out " + out);
+  std::filesystem::remove(out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(computed with bfloat16 weights; compared with Transformers' fp32"),
+            std::string::npos)
+      << r.out;
+}
+
 // A config whose model folder does not exist yet is shown, with one line saying so.
 TEST(Cli, ConfigShowWithAMissingAssetFolderSaysSo) {
   Result r =

@@ -8,6 +8,7 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/core/log.h"
 #include "titan/data/dataset.h"
 #include "titan/data/packed_loader.h"
 #include "titan/models/registry.h"
@@ -115,6 +116,12 @@ EvalResult evaluate(const config::JobConfig& cfg) {
       std::vector<int64_t> ids64(input.begin(), input.end());
       ckpt::write_file(cfg.eval.logits_out, {{"input_ids", DType::I64, {B, S}, ids64.data()},
                                              {"logits", DType::F32, {B, S, V}, logits.data()}});
+      log::info("eval: wrote the logits to " + cfg.eval.logits_out + " (computed with " +
+                cfg.training.mixed_precision_param + " weights" +
+                (cfg.training.mixed_precision_param == "float32"
+                     ? ")"
+                     : "; compared with Transformers' fp32 forward they differ by bf16 rounding: "
+                       "--training.mixed_precision_param float32 for tools/check_hf_export.py)"));
     }
   } else {
     const auto& t = cfg.training;
