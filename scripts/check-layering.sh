@@ -6,7 +6,8 @@
 # expert and loss parallelism) wraps a model through its interface, and the trainer installs it:
 # the model never sees it, and names no communicator or device; tools/ (plot, memory plan,
 # check-kernel) sit beside the training loop; infer/ (generation) uses a model through its
-# interface, as train/ does, and knows no kernel.
+# interface, as train/ does, and knows no kernel. Devices differ only through their records
+# (ops/device.h): outside them and builtins.cpp no code compares a device's name.
 # usage: scripts/check-layering.sh   (from anywhere; prints each violation, exits 1 if any)
 set -euo pipefail
 cd "$(dirname "$0")/../src/titan"
@@ -54,6 +55,13 @@ done < <(find . -name '*.h' -o -name '*.cpp' -o -name '*.cu' | sed 's|^\./||' | 
 # The model computes through a backend: it names no communicator and no device.
 if grep -rn -E 'Communicator|"cuda"|\bnccl|\bMPI_' models; then
   echo "layering: models/ names a communicator or a device (above)"
+  bad=1
+fi
+# Devices differ through their records (ops/device.h, registered in builtins.cpp): no code
+# compares a device's name.
+if grep -rn -E '[=!]= *"(cpu|cuda)"|"(cpu|cuda)" *[=!]=' --include='*.h' --include='*.cpp' \
+  --include='*.cu' . | grep -v -E '^\./(builtins\.cpp|ops/device\.cpp|ops/cuda/)'; then
+  echo "layering: a device named in a comparison (above); give its record the property instead"
   bad=1
 fi
 [ $bad = 0 ] && echo "layering: ok"

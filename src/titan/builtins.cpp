@@ -1,11 +1,12 @@
 // The one place that registers everything titan has built in: module config types of every
-// model, the ops of every backend and the collectives of every device. Adding a model or a
-// backend adds one line here.
+// model, the device records, the ops of every backend and the collectives of every device.
+// Adding a model or a backend adds one line here; a device, one record.
 #include "titan/dist/device_group.h"
 #include "titan/dist/nccl/nccl_group.h"
 #include "titan/models/module_types.h"
 #include "titan/models/qwen3/modules.h"
 #include "titan/ops/backend.h"
+#include "titan/ops/device.h"
 #ifdef TITAN_HAVE_CUDA
 #include "titan/ops/cuda/cuda_ops.h"
 #endif
@@ -18,6 +19,63 @@
 #include "titan/plugin/registry.h"
 
 namespace titan::ops {
+
+namespace {
+
+Device cpu_device() {
+  Device d;
+  d.name = "cpu";
+  d.host = true;
+  d.usable = [](std::string*) { return true; };
+  return d;
+}
+
+// CUDA: a record in every build, so that asking for it says what is missing.
+Device cuda_device() {
+  Device d;
+  d.name = "cuda";
+#ifdef TITAN_HAVE_CUDA
+  d.usable = [](std::string* why) { return cuda::device_count(why) > 0; };
+  d.describe = [] { return cuda::describe_device(); };
+  d.precision = [](bool bf16) {
+    return std::string("weights, gradients, activations and AdamW state in GPU memory; ") +
+           (bf16 ? "bf16 GEMM inputs (cuBLASLt), fp32 accumulation and master weights"
+                 : "float32 throughout (cuBLASLt, no TF32)");
+  };
+  d.select = [](int index) { cuda::set_device(index); };
+  d.memory = [](int64_t* total, int64_t* used) {
+    if (cuda::device_count(nullptr) == 0) return false;
+    cuda::memory_info(total, used);
+    return true;
+  };
+  d.gemm_flops = [](bool bf16) { return cuda::gemm_probe_flops(bf16); };
+#else
+  d.usable = [](std::string* why) {
+    if (why)
+      *why =
+          "this titan was built without CUDA (CMake found no nvcc, or -DTITAN_CUDA=OFF); install "
+          "the CUDA toolkit and rebuild";
+    return false;
+  };
+#endif
+  d.no_collectives =
+      "this titan was built without NCCL (CMake found no nccl.h and libnccl beside the CUDA "
+      "toolkit); install NCCL and rebuild, or train in one process";
+  d.granule = int64_t{2} << 20;
+  d.runtime_memory = {"CUDA context, kernels, cuBLASLt workspace (estimate)", int64_t{600} << 20};
+  d.probe_memory = [](bool bf16) {
+    return std::pair<std::string, int64_t>{
+        bf16 ? "GEMM probe at start (8192^2: 2 bf16 + 1 fp32, freed)"
+             : "GEMM probe at start (3 x 8192^2 fp32, freed)",
+        (bf16 ? 8 : 12) * int64_t{8192} * 8192};
+  };
+  return d;
+}
+
+}  // namespace
+
+// The device records (ops/device.h), registered before the first lookup.
+std::vector<Device> builtin_devices() { return {cpu_device(), cuda_device()}; }
 
 // The backend tables (ops/backend.h), registered before the first lookup.
 std::vector<Backend> builtin_backends() {

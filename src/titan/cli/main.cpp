@@ -19,6 +19,7 @@
 #include "titan/dist/communicator.h"
 #include "titan/infer/generate.h"
 #include "titan/models/registry.h"
+#include "titan/ops/device.h"
 #include "titan/plugin/registry.h"
 #include "titan/tools/check_kernel.h"
 #include "titan/tools/memory_plan.h"
@@ -262,7 +263,8 @@ int run(std::vector<std::string> args) {
     const titan::tools::MemoryPlan plan = titan::tools::plan_memory(cfg);
     std::printf("%s", plan.format().c_str());
     // against the machine's memory, or the device's where it can be queried
-    const int64_t have = plan.device == "cpu" ? titan::cpu::total_memory_bytes() : plan.capacity;
+    const int64_t have =
+        titan::ops::device(plan.device).host ? titan::cpu::total_memory_bytes() : plan.capacity;
     return have <= 0 || plan.total() <= have ? 0 : 1;
   }
   if (cmd == "check-kernel") {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "titan/core/error.h"
+#include "titan/ops/device.h"
 
 namespace titan::ops {
 namespace {
@@ -97,6 +98,11 @@ std::vector<std::string> Backend::missing() const {
 }
 
 void register_backend(const Backend& b) { add(table(), b); }
+
+DeviceMemory Backend::memory() const {
+  return ops::device(device).host ? DeviceMemory{} : DeviceMemory{alloc,   free,   copy,    memset,
+                                                                  reserve, commit, decommit};
+}
 
 const Backend& backend(const std::string& device, const std::string& dtype) {
   const Table& t = table();

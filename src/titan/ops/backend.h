@@ -42,10 +42,7 @@ struct Backend {
   void (*decommit)(void* p, size_t bytes) = nullptr;
   // The memory functions above as core's DeviceMemory, for Storage/Buffer/Arena (core/buffer.h);
   // the CPU backend's is host memory (null functions: Storage's own aligned, mmap'd allocation).
-  DeviceMemory memory() const {
-    return device == "cpu" ? DeviceMemory{}
-                           : DeviceMemory{alloc, free, copy, memset, reserve, commit, decommit};
-  }
+  DeviceMemory memory() const;
 
   // ---- kernels: the signature of the op of the same name (no default arguments)
   decltype(&ops::embedding_fwd) embedding_fwd = nullptr;  // elementwise.h

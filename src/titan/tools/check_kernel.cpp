@@ -169,7 +169,7 @@ bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp
   };
   const Out a = run(alt), b = run(ref);
   const double tol = alt.dtype == "bfloat16" ? kBf16ExpertsTolerance : experts_tolerance(s);
-  const std::string where = alt.device == "cpu" ? "" : " on " + alt.device;
+  const std::string where = ops::device(alt.device).host ? "" : " on " + alt.device;
   const double e[6] = {scaled_diff(a.y, b.y),     scaled_diff(a.dx, b.dx),
                        scaled_diff(a.dw, b.dw),   scaled_diff(a.dw1, b.dw1),
                        scaled_diff(a.dw3, b.dw3), scaled_diff(a.dw2, b.dw2)};
@@ -199,10 +199,10 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   const int64_t S = cfg.training.seq_len;
   // --training.device: the kernels of that device (its built-in ones too) against the CPU's.
   const std::string& device = cfg.training.device;
-  if (device == "cuda") {
+  if (const ops::Device& dev = ops::device(device); dev.usable) {
     std::string why;
-    const bool usable = ops::cuda_usable(&why);
-    check(usable, "check-kernel --training.device cuda: " + why);
+    const bool usable = dev.usable(&why);
+    check(usable, "check-kernel --training.device " + device + ": " + why);
   }
   const plugin::Registry& reg = plugin::Registry::global();
   const auto original =
@@ -222,7 +222,7 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
         std::find(seen.begin(), seen.end(), ref.name + "->" + alt.name) != seen.end())
       continue;
     seen.push_back(ref.name + "->" + alt.name);
-    const std::string where = alt.device == "cpu" ? "" : " on " + alt.device;
+    const std::string where = ops::device(alt.device).host ? "" : " on " + alt.device;
     const int64_t B = cfg.training.local_batch_size, d = a.head_dim;
     // The model's shapes (q and k heads, with the fused-QKV token stride) and edge shapes.
     const int64_t smallest = std::min<int64_t>(S, 128);

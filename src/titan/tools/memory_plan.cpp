@@ -33,7 +33,7 @@ std::string MemoryPlan::format() const {
     std::snprintf(buf, sizeof buf, "  %-60s %14s\n", l.what.c_str(), gib(l.bytes).c_str());
     out += buf;
   }
-  if (device == "cpu")
+  if (ops::device(device).host)
     std::snprintf(buf, sizeof buf, "  %-60s %14s  (machine: %s)\n", "total", gib(total()).c_str(),
                   gib(cpu::total_memory_bytes()).c_str());
   else
@@ -136,6 +136,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     if (s.name == "loss.scratch") loss_scratch = s.numel();
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size : t.global_batch_size;
   const int64_t step_tokens = global * t.seq_len;
+  const ops::Device& dev = ops::device(t.device);
   MemoryPlan plan;
   plan.layout = dims.describe();
   const bool sliced = dims.tp > 1;  // under EP the experts are FSDP-sharded like the rest
@@ -188,14 +189,15 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i) other = std::max(other, unit_local[i]);
     // Given back unit by unit: host pages; a device's granules where it can (core/device.h
     // reserve). Elsewhere the flat buffers stay whole (fsdp.h).
-    if (t.device == "cpu" || ops::backend(t.device, "float32").reserve) {
+    if (dev.host || ops::backend(t.device, "float32").reserve) {
       plan.lines.push_back({bf16 ? "gathered: head group + 2 largest units (fp32 w+g, bf16)"
                                  : "gathered: head group + 2 largest units (fp32 w+g)",
                             (bf16 ? 10 : 8) * (head + 2 * other)});
-      // A GPU maps 2 MiB granules: the one two units share stays mapped, in each flat buffer.
-      if (t.device == "cuda")
-        plan.lines.push_back({"granules shared by adjacent units (2 MiB, kept mapped)",
-                              (bf16 ? 3 : 2) * static_cast<int64_t>(units.size()) << 21});
+      // A device that maps granules: the one two units share stays mapped, in each flat buffer.
+      if (dev.granule > 0)
+        plan.lines.push_back({"granules shared by adjacent units (" +
+                                  std::to_string(dev.granule >> 20) + " MiB, kept mapped)",
+                              (bf16 ? 3 : 2) * static_cast<int64_t>(units.size()) * dev.granule});
     } else {
       plan.lines.push_back({bf16 ? "gathered into: whole weights and gradients (fp32 w+g, bf16)"
                                  : "gathered into: whole weights and gradients (fp32 w+g)",
@@ -205,7 +207,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     // masters are sharded (a resumed checkpoint is read unit by unit, Hugging Face weights only
     // in the rank's shard); off the CPU into the host copy, not the device's memory.
     const auto& k = cfg.checkpoint;
-    if (!k.initial_load_path.empty() && !k.initial_load_in_hf && t.device == "cpu")
+    if (!k.initial_load_path.empty() && !k.initial_load_in_hf && dev.host)
       plan.lines.push_back({"initial weights: whole before sharding (given back)", 4 * local});
   }
   if (bf16 && models::frozen_weights(m) > 0) {
@@ -218,22 +220,21 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   if (bf16) {
     // Without bf16 instructions gemm_bf16 widens its operands into two cached fp32 buffers that
     // grow to the largest operands: at most the largest weight and the lm_head chunk's logits.
-    if (!ops::bf16_gemm_native() && t.device == "cpu")
+    if (!ops::bf16_gemm_native() && dev.host)
       plan.lines.push_back({"fp32 operand copies of the converting bf16 path (no AVX512-BF16/AMX)",
                             4 * (largest + loss_scratch)});
   }
   plan.device = t.device;
-  if (t.device != "cpu") {  // the device's memory: the same tensors but no host process or probe
+  if (!dev.host) {  // the device's memory: the same tensors but no host process or probe
     plan.lines.erase(plan.lines.begin());
-    if (t.device == "cuda")
-      plan.lines.push_back(
-          {"CUDA context, kernels, cuBLASLt workspace (estimate)", int64_t{600} << 20});
-    if (t.device == "cuda" && cfg.metrics.peak_flops <= 0)
-      plan.lines.push_back({bf16 ? "GEMM probe at start (8192^2: 2 bf16 + 1 fp32, freed)"
-                                 : "GEMM probe at start (3 x 8192^2 fp32, freed)",
-                            (bf16 ? 8 : 12) * int64_t{8192} * 8192});
+    if (dev.runtime_memory.second > 0)
+      plan.lines.push_back({dev.runtime_memory.first, dev.runtime_memory.second});
+    if (dev.probe_memory && cfg.metrics.peak_flops <= 0) {
+      const auto [what, bytes] = dev.probe_memory(bf16);
+      plan.lines.push_back({what, bytes});
+    }
     int64_t total = 0, used = 0;
-    plan.capacity = ops::device_memory(t.device, &total, &used) ? total : 0;
+    plan.capacity = dev.memory && dev.memory(&total, &used) ? total : 0;
     return plan;
   }
   if (cfg.metrics.peak_flops <= 0)
@@ -246,10 +247,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
 }
 
 void check_fits(const MemoryPlan& plan) {
-  const int64_t have = plan.device == "cpu" ? cpu::total_memory_bytes() : plan.capacity;
+  const bool host = ops::device(plan.device).host;
+  const int64_t have = host ? cpu::total_memory_bytes() : plan.capacity;
   if (have <= 0) return;  // a device whose memory cannot be queried: its allocation will say
-  const std::string where =
-      plan.device == "cpu" ? "this machine has " : "the " + plan.device + " device has ";
+  const std::string where = host ? "this machine has " : "the " + plan.device + " device has ";
   check(plan.total() <= have,
         "the run needs " + gib(plan.total()) + " (titan plan shows each part) but " + where +
             gib(have) +

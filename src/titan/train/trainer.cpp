@@ -101,38 +101,94 @@ config::JobConfig lora_checkpoint_config(config::JobConfig c) {
 
 }  // namespace
 
+// The trainer is built one component at a time, in this order: the device and the parallel
+// layout, the data, the model (after the memory plan), the optimizer state, the weights (resumed,
+// loaded or initialized), and the schedule.
 Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : cfg_(cfg) {
   ckpt::check_dump_folder(cfg_);
   config::validate(cfg_);
+  setup_parallelism();
+  const auto& t = cfg_.training;
+  const std::string& device = t.device;
+  models::BuildOptions bo = build_options();
+  const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
+  const ops::Backend& backend = ops::backend(
+      device, dtype_op_name(t.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32));
+  opt_ = &optim::kernels(device);
+  const int64_t dp = dims_.batch();  // data-parallel degree: ranks reading different data
+  const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
+  check(global % (t.local_batch_size * dp) == 0,
+        "training.global_batch_size must be a multiple of local_batch_size × data-parallel degree");
+  grad_accum_ = global / (t.local_batch_size * dp);
+
+  build_data(std::move(docs), shape->vocab_size());
+  build_model(*shape, bo, backend);
+  build_optimizer_state(backend);
+  const std::optional<ckpt::TrainState> loaded = load_weights(bo.seed);
+  if (tp_) find_replicated();
+  log_layout();
+  if (const auto& st = loaded) {
+    resumed_ = true;
+    step_ = st->step;
+    tokens_seen_ = st->tokens_seen;
+    if (!st->finished) resume_data(*st);
+  }
+  first_step_ = step_;
+  const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
+  input_.resize(step_tokens);
+  labels_.resize(step_tokens);
+  positions_.resize(step_tokens);
+
+  adamw_.lr = static_cast<float>(cfg_.optimizer.lr);
+  adamw_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
+  adamw_.beta2 = static_cast<float>(cfg_.optimizer.beta2);
+  adamw_.eps = static_cast<float>(cfg_.optimizer.eps);
+  adamw_.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
+  sched_.total_steps = t.steps;
+  if (cfg_.lr_scheduler.warmup_steps > t.steps)
+    log::warn("lr_scheduler.warmup_steps (" + std::to_string(cfg_.lr_scheduler.warmup_steps) +
+              ") exceeds training.steps; clamped to " + std::to_string(t.steps));
+  sched_.warmup_steps = std::min(cfg_.lr_scheduler.warmup_steps, t.steps);
+  if (cfg_.lr_scheduler.decay_ratio >= 0) sched_.decay_ratio = cfg_.lr_scheduler.decay_ratio;
+  sched_.decay_type = cfg_.lr_scheduler.decay_type;
+  sched_.min_lr_factor = cfg_.lr_scheduler.min_lr_factor;
+}
+
+// The device's checks and the parallel layout: the meshes and, on a device, the groups over its
+// memory.
+void Trainer::setup_parallelism() {
   const std::string& device = cfg_.training.device;
   ops::check_device(device);
+  const ops::Device& dev = ops::device(device);
   models::validate_model_config(cfg_);
   dims_ = dist::ParallelDims::from_config(cfg_, dist::world().size());
-  if (device != "cpu" && dist::world().size() > 1) {  // one process per GPU, gradients on NCCL
-    const std::string n = std::to_string(dist::world().size());
-    check(device != "cuda" || dist::nccl_built(),
-          "training.device cuda on " + n +
-              " ranks: this titan was built without NCCL (CMake found no nccl.h and libnccl "
-              "beside the CUDA toolkit); install NCCL and rebuild, or train in one process");
-    check(dist::has_device_group(device), "training.device " + device + " trains in one process (" +
-                                              n + " ranks need collectives over its memory)");
-    if (device == "cuda") ops::select_cuda_device(local_rank());
+  if (!dev.host && dist::world().size() > 1) {  // one process per device, collectives over its
+    const std::string n = std::to_string(dist::world().size());  // memory (NCCL on GPUs)
+    if (!dist::has_device_group(device))
+      throw Error(dev.no_collectives.empty()
+                      ? "training.device " + device + " trains in one process (" + n +
+                            " ranks need collectives over its memory)"
+                      : "training.device " + device + " on " + n + " ranks: " + dev.no_collectives);
+    if (dev.select) dev.select(local_rank());
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
   // On a device the gradients, parameters, dispatched rows and activations move over its own
   // collectives (NCCL on GPUs).
-  if (device != "cpu" && dims_.dp_replicate > 1)
+  if (!dev.host && dims_.dp_replicate > 1)
     grad_replicate_ = dist::device_group(device, *mesh_.replicate);
-  if (device != "cpu" && dims_.dp_shard > 1) fsdp_group_ = dist::device_group(device, *mesh_.fsdp);
-  if (device != "cpu" && dims_.tp > 1) tp_data_ = dist::device_group(device, *mesh_.tp);
-  if (device != "cpu" && dims_.ep > 1) {  // the dispatched rows; the experts' FSDP over efsdp
+  if (!dev.host && dims_.dp_shard > 1) fsdp_group_ = dist::device_group(device, *mesh_.fsdp);
+  if (!dev.host && dims_.tp > 1) tp_data_ = dist::device_group(device, *mesh_.tp);
+  if (!dev.host && dims_.ep > 1) {  // the dispatched rows; the experts' FSDP over efsdp
     ep_rows_ = dist::device_group(device, *mesh_.ep);
     if (dims_.dp_shard > 1) efsdp_group_ = dist::device_group(device, *mesh_.efsdp);
   }
+}
+
+// What to build (module tree -> overrides from --override.imports -> the ops each layer calls ->
+// the model): first a plan-only model (parameter list and size table, no storage) for the
+// vocabulary and the memory plan, then, once the data is open and the plan fits, the model.
+models::BuildOptions Trainer::build_options() const {
   const auto& t = cfg_.training;
-  // Module tree -> overrides from --override.imports -> the ops each layer calls -> the model:
-  // first a plan-only model (parameter list and size table, no storage) for the vocabulary and
-  // the memory plan, then, once the data is open and the plan fits, the model itself.
   models::BuildOptions bo;
   bo.batch = t.local_batch_size;
   bo.seq_len = t.seq_len;
@@ -144,23 +200,20 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   bo.bytes_per_param = 16 + (t.mixed_precision_param == "bfloat16" ? 2 : 0);
   bo.allocate = false;
   bo.log_overrides = false;
-  bo.device = device;
-  const std::unique_ptr<models::Model> shape = models::build_model(cfg_, bo);
-  const ops::Backend& backend = ops::backend(
-      device, dtype_op_name(t.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32));
-  opt_ = &optim::kernels(device);
-  const int64_t dp = dims_.batch();  // data-parallel degree: ranks reading different data
-  const int64_t global = t.global_batch_size == -1 ? t.local_batch_size * dp : t.global_batch_size;
-  check(global % (t.local_batch_size * dp) == 0,
-        "training.global_batch_size must be a multiple of local_batch_size × data-parallel degree");
-  grad_accum_ = global / (t.local_batch_size * dp);
+  bo.device = cfg_.training.device;
+  return bo;
+}
 
-  // The dataset (text tokenized by dataloader.tokenizer, or token shards) and the validator's.
+// The dataset (text tokenized by dataloader.tokenizer, or token shards), the validator's, and
+// the loader of this rank's batches.
+void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
+  const auto& t = cfg_.training;
+  const int64_t dp = dims_.batch();
   std::shared_ptr<const data::DocumentSet> dataset =
       docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(resolved_tokenizer(cfg_)));
-  check_vocab_fits(*dataset, shape->vocab_size());
+  check_vocab_fits(*dataset, vocab);
   const auto* chat = dynamic_cast<const data::ChatDocuments*>(dataset.get());
   text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr || chat;
   if (cfg_.validator.enable) {
@@ -169,7 +222,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
       vs.loaded = text->tokenizer();  // load the tokenizer once
     if (chat) vs.loaded = chat->tokenizer();
     auto vdocs = data::open_dataset(vs);
-    check_vocab_fits(*vdocs, shape->vocab_size());
+    check_vocab_fits(*vdocs, vocab);
     validator_ = std::make_unique<Validator>(cfg_, std::move(vdocs));
   }
   data::LoaderOptions lo;
@@ -180,9 +233,14 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   lo.dp_rank = mesh_.batch_rank;
   lo.dp_world = dp;
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
+}
 
-  // The memory plan, before anything large is allocated: refuse what cannot fit.
-  const tools::MemoryPlan plan = tools::plan_memory(cfg_, *shape, dims_);
+// The memory plan, then the model (this rank's slice of the layout), its tensor-parallel hooks
+// and, for LoRA, the frozen base's weights.
+void Trainer::build_model(const models::Model& shape, models::BuildOptions bo,
+                          const ops::Backend& backend) {
+  // Before anything large is allocated: refuse what cannot fit.
+  const tools::MemoryPlan plan = tools::plan_memory(cfg_, shape, dims_);
   tools::check_fits(plan);
   std::istringstream lines(plan.format());
   for (std::string line; std::getline(lines, line);) log::info(line);
@@ -228,8 +286,11 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
                   with_commas(models::frozen_weights(*model_)).c_str());
     log::info(buf);
   }
+}
 
-  // FSDP: this rank's shard of every unit (train/fsdp.h) and its AdamW state; else everything.
+// FSDP: this rank's shard of every unit (parallel/fsdp.h) and its AdamW state; else everything.
+void Trainer::build_optimizer_state(const ops::Backend& backend) {
+  const auto& t = cfg_.training;
   const int64_t n = model_->num_params();
   if (dims_.sharded())
     fsdp_ = std::make_unique<parallel::Fsdp>(
@@ -239,6 +300,11 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   m_.resize(shard_len, backend.memory());
   v_.resize(shard_len, backend.memory());
+}
+
+// The checkpointer, and the weights: a resumed checkpoint, initial weights, or the seeded init.
+std::optional<ckpt::TrainState> Trainer::load_weights(uint64_t seed) {
+  const bool lora = model_->frozen_base() != nullptr;
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(lora ? lora_checkpoint_config(cfg_) : cfg_);
   std::optional<ckpt::TrainState> loaded;
   // Loading also clears what an interrupted save left behind: rank 0 does that first, the other
@@ -259,7 +325,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     if (loaded) hm.send();
   }
   if (!loaded && !initial)
-    log::info("Weights: random init with seed " + std::to_string(bo.seed) +
+    log::info("Weights: random init with seed " + std::to_string(seed) +
               " (nothing to resume or load; a published model: --model.hf_assets_path DIR "
               "--checkpoint.initial_load_in_hf)");
   if (rank0()) dist::world().barrier();
@@ -268,27 +334,37 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     if (!loaded && initial)
       fsdp_->take_params_from_model();
     else if (!loaded)
-      fsdp_->init_unit_by_unit(bo.seed);
+      fsdp_->init_unit_by_unit(seed);
     model_->store().set_hooks(fsdp_.get());
   }
-  if (tp_) {  // the replicated parameters' ranges in the optimizer's buffer, for the norm
-    std::vector<models::FlatRange> mine;
-    int64_t at = 0;
-    const ckpt::Segments all{{0, n}};
-    for (const auto& seg : fsdp_ ? fsdp_->own_segments() : all) {
-      for (const auto& p : model_->params()) {
-        if (p.alias || p.split_dim >= 0) continue;
-        const int64_t lo = std::max(p.offset, seg.begin),
-                      hi = std::min(p.offset + p.numel, seg.begin + seg.len);
-        if (lo < hi) mine.push_back({at + lo - seg.begin, hi - lo});
-      }
-      at += seg.len;
+  return loaded;
+}
+
+// Tensor parallelism: the replicated parameters' ranges in the optimizer's buffer, for the norm.
+void Trainer::find_replicated() {
+  const int64_t n = model_->num_params();
+  std::vector<models::FlatRange> mine;
+  int64_t at = 0;
+  const ckpt::Segments all{{0, n}};
+  for (const auto& seg : fsdp_ ? fsdp_->own_segments() : all) {
+    for (const auto& p : model_->params()) {
+      if (p.alias || p.split_dim >= 0) continue;
+      const int64_t lo = std::max(p.offset, seg.begin),
+                    hi = std::min(p.offset + p.numel, seg.begin + seg.len);
+      if (lo < hi) mine.push_back({at + lo - seg.begin, hi - lo});
     }
-    std::sort(mine.begin(), mine.end(), [](const models::FlatRange& a, const models::FlatRange& b) {
-      return a.begin < b.begin;
-    });
-    replicated_ = std::move(mine);
+    at += seg.len;
   }
+  std::sort(mine.begin(), mine.end(), [](const models::FlatRange& a, const models::FlatRange& b) {
+    return a.begin < b.begin;
+  });
+  replicated_ = std::move(mine);
+}
+
+// One line per parallelism: what this rank holds and runs.
+void Trainer::log_layout() const {
+  const int64_t n = model_->num_params();
+  const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   if (dims_.batch() > 1)
     log::info("Data parallelism: " + dims_.describe() + " over " +
               std::to_string(dist::world().size()) + " ranks (" + dist::world().backend() +
@@ -328,31 +404,6 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
               (fsdp_ ? "sharded over " + std::to_string(mesh_.efsdp->size()) + " rank(s) (efsdp)"
                      : std::string("unsharded")));
   }
-  if (auto& st = loaded) {
-    resumed_ = true;
-    step_ = st->step;
-    tokens_seen_ = st->tokens_seen;
-    if (!st->finished) resume_data(*st);
-  }
-  first_step_ = step_;
-  const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
-  input_.resize(step_tokens);
-  labels_.resize(step_tokens);
-  positions_.resize(step_tokens);
-
-  adamw_.lr = static_cast<float>(cfg_.optimizer.lr);
-  adamw_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
-  adamw_.beta2 = static_cast<float>(cfg_.optimizer.beta2);
-  adamw_.eps = static_cast<float>(cfg_.optimizer.eps);
-  adamw_.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
-  sched_.total_steps = t.steps;
-  if (cfg_.lr_scheduler.warmup_steps > t.steps)
-    log::warn("lr_scheduler.warmup_steps (" + std::to_string(cfg_.lr_scheduler.warmup_steps) +
-              ") exceeds training.steps; clamped to " + std::to_string(t.steps));
-  sched_.warmup_steps = std::min(cfg_.lr_scheduler.warmup_steps, t.steps);
-  if (cfg_.lr_scheduler.decay_ratio >= 0) sched_.decay_ratio = cfg_.lr_scheduler.decay_ratio;
-  sched_.decay_type = cfg_.lr_scheduler.decay_type;
-  sched_.min_lr_factor = cfg_.lr_scheduler.min_lr_factor;
 }
 
 Trainer::HostMoments::HostMoments(Trainer& tr, bool fetch)
@@ -697,14 +748,11 @@ void Trainer::train() {
   log::info("CPU: " + cpu::describe() + ", " + std::to_string(cpu::num_threads()) + " threads");
   const bool bf16 = t.mixed_precision_param == "bfloat16";
   const std::string& device = t.device;
-  const bool on_cpu = device == "cpu";
+  const ops::Device& dev = ops::device(device);
+  const bool on_cpu = dev.host;
   if (!on_cpu)
-    log::info(device != "cuda"
-                  ? "Device: " + device + " (a registered backend)"
-                  : "Device: cuda (" + ops::cuda_device() +
-                        "); weights, gradients, activations and AdamW state in GPU memory; " +
-                        (bf16 ? "bf16 GEMM inputs (cuBLASLt), fp32 accumulation and master weights"
-                              : "float32 throughout (cuBLASLt, no TF32)"));
+    log::info("Device: " + device + " (" + (dev.describe ? dev.describe() : std::string()) + ")" +
+              (dev.precision ? "; " + dev.precision(bf16) : std::string()));
   else if (bf16)
     log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
                           "weights, gradients and optimizer state; ") +
@@ -716,10 +764,10 @@ void Trainer::train() {
   else
     log::info("Precision: float32 throughout; oneDNN picks " + ops::gemm_isa(false));
   double peak = cfg_.metrics.peak_flops;
-  if (peak <= 0 && !on_cpu) peak = ops::device_gemm_flops(device, bf16);
+  if (peak <= 0 && dev.gemm_flops) peak = dev.gemm_flops(bf16);
   if (peak > 0 && cfg_.metrics.peak_flops <= 0) {
     log::info(std::string("Peak FLOPS measured with an 8192^3 ") + (bf16 ? "bf16" : "fp32") +
-              " cuBLASLt GEMM on the device");
+              " GEMM on the device");
   } else if (peak <= 0) {
     peak = bf16 ? ops::gemm_probe_flops_bf16() : ops::gemm_probe_flops();
     log::info(std::string("Peak FLOPS measured with a 2048^3 ") + (bf16 ? "bf16" : "fp32") +
@@ -771,7 +819,7 @@ void Trainer::train() {
       // peak after the first step) where titan can read it.
       double peak_rss = static_cast<double>(cpu::peak_rss_bytes());
       double total_mem = static_cast<double>(cpu::total_memory_bytes());
-      if (int64_t dev_total = 0, dev_used = 0; ops::device_memory(device, &dev_total, &dev_used)) {
+      if (int64_t dev_total = 0, dev_used = 0; dev.memory && dev.memory(&dev_total, &dev_used)) {
         peak_rss = static_cast<double>(dev_used);
         total_mem = static_cast<double>(dev_total);
       }

@@ -16,6 +16,8 @@
 #include "titan/data/packed_loader.h"
 #include "titan/dist/parallel_dims.h"
 #include "titan/models/model.h"
+#include "titan/models/registry.h"
+#include "titan/ops/backend.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/kernels.h"
 #include "titan/optim/lr_schedule.h"
@@ -56,6 +58,17 @@ class Trainer {
   ValidationResult validate();
 
  private:
+  // The constructor's steps, in order (trainer.cpp says what each builds).
+  void setup_parallelism();
+  models::BuildOptions build_options() const;
+  void build_data(std::vector<std::string> docs, int64_t vocab);
+  void build_model(const models::Model& shape, models::BuildOptions bo,
+                   const ops::Backend& backend);
+  void build_optimizer_state(const ops::Backend& backend);
+  std::optional<ckpt::TrainState> load_weights(uint64_t seed);
+  void find_replicated();
+  void log_layout() const;
+
   // The settings recorded in train_state.json ("data"): tokenizer, batch sizes, seq_len.
   nlohmann::json data_settings() const;
   // Checks the resumed state's data settings against this run's, restores the loader.

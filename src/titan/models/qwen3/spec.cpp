@@ -8,6 +8,7 @@
 #include "titan/models/qwen3/hf_config.h"
 #include "titan/models/qwen3/model.h"
 #include "titan/models/qwen3/modules.h"
+#include "titan/ops/device.h"
 
 namespace titan::qwen3 {
 
@@ -164,8 +165,8 @@ models::ModelSpec model_spec() {
     if (o.bytes_per_param > 0)  // 0: titan plan, which reports rather than refuses; off the CPU
                                 // the host keeps a copy of the weights (the device is planned
                                 // by the trainer)
-      check_fits_in_memory(a, o.device == "cpu" ? o.bytes_per_param : 4, cpu::total_memory_bytes(),
-                           model_source(c));
+      check_fits_in_memory(a, ops::device(o.device).host ? o.bytes_per_param : 4,
+                           cpu::total_memory_bytes(), model_source(c));
     const DType compute = c.training.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32;
     auto experts = experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides,
                                 plugin::Registry::global(), o.device);
