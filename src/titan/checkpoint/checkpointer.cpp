@@ -140,8 +140,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
               ((slices && k.initial_load_in_hf) || held ? " (this rank's slices)" : ""));
   } else if (k.initial_load_in_hf) {
     load_model_weights(model, cfg_.model.hf_assets_path, true, true, slices);
-    log::info("Loaded Hugging Face weights from " +
-              fs::absolute(cfg_.model.hf_assets_path).lexically_normal().string() +
+    log::info("Loaded Hugging Face weights from " + io::absolute_path(cfg_.model.hf_assets_path) +
               (slices || held ? " (this rank's slices)" : ""));
   }
   return std::nullopt;

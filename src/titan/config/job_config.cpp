@@ -500,7 +500,7 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   // A relative checkpoint.initial_load_path is the working directory's, as every other path is;
   // made absolute here so that the logs and a saved config name the directory that was used.
   auto& initial = c.checkpoint.initial_load_path;
-  if (!initial.empty()) initial = std::filesystem::absolute(initial).lexically_normal().string();
+  if (!initial.empty()) initial = io::absolute_path(initial);
   validate(c);
   if (check_model) check_model(c);
   if (!c.debug.save_config_file.empty()) {

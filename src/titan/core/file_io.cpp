@@ -18,6 +18,10 @@
 #include "titan/core/test_hooks.h"
 
 namespace titan::io {
+
+std::string absolute_path(const std::string& path) {
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
 namespace fs = std::filesystem;
 
 std::string errno_message(int e) { return std::error_code(e, std::generic_category()).message(); }

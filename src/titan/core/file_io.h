@@ -16,6 +16,10 @@ namespace titan::io {
 // strerror-like text for errno e.
 std::string errno_message(int e);
 
+// path made absolute against the working directory, normalized ("a/../b" -> "b"): the path a
+// log line names for a file the user gave relative.
+std::string absolute_path(const std::string& path);
+
 // path + ".tmp-<pid of this process>".
 std::string temp_name(const std::string& path);
 

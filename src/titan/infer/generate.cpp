@@ -258,8 +258,7 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
                                   ? cfg.model.hf_assets_path
                                   : cfg.checkpoint.initial_load_path;
   ckpt::load_model_and_adapter(*m, weights, hf, cfg.lora.adapter_path);
-  log::info("Weights: loaded from " +
-            std::filesystem::absolute(weights).lexically_normal().string() +
+  log::info("Weights: loaded from " + io::absolute_path(weights) +
             (hf ? " (Hugging Face)" : " (titan checkpoint)"));
   const int64_t V = m->vocab_size();
   for (size_t i = 0; i < prompts.size(); ++i)

@@ -10,6 +10,7 @@
 
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
 #include "titan/core/test_hooks.h"
 #include "titan/data/chat_dataset.h"
@@ -70,8 +71,7 @@ void load_lora_weights(const config::JobConfig& c, models::Model& m) {
   }
   if (k.initial_load_in_hf) {
     ckpt::load_model_and_adapter(m, c.model.hf_assets_path, true, c.lora.adapter_path);
-    log::info("LoRA: base weights from " +
-              std::filesystem::absolute(c.model.hf_assets_path).lexically_normal().string());
+    log::info("LoRA: base weights from " + io::absolute_path(c.model.hf_assets_path));
     return;
   }
   log::warn(
