@@ -32,7 +32,8 @@ using titan::DType;
 
 void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64_t batch,
                     int64_t seq, titan::models::AcPolicy ac = {}, DType compute = DType::F32) {
-  titan::qwen3::Qwen3Model m(args, batch, seq, 8, {}, {}, true, ac, compute);
+  titan::qwen3::Qwen3Model m(args,
+                             {.max_batch = batch, .max_seq = seq, .ac = ac, .compute = compute});
   const double peak = compute == DType::BF16 ? g_peak_bf16 : g_peak;
   m.init_weights(0);
   const int64_t T = batch * seq;

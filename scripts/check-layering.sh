@@ -57,6 +57,12 @@ if grep -rn -E 'Communicator|"cuda"|\bnccl|\bMPI_' models; then
   echo "layering: models/ names a communicator or a device (above)"
   bad=1
 fi
+# A model's compute reads no rank: the parallel plan (models/tensor_parallel.h, a model's
+# parallelize step) turns ranks into the slices and rows it holds.
+if grep -rn -E '\.(ep_)?rank\b' models/qwen3 | grep -v -E '^models/qwen3/parallelize\.(h|cpp):'; then
+  echo "layering: a model reads a rank (above); ask its TpSlice for the rows it holds instead"
+  bad=1
+fi
 # Devices differ through their records (ops/device.h, registered in builtins.cpp): no code
 # compares a device's name.
 if grep -rn -E '[=!]= *"(cpu|cuda)"|"(cpu|cuda)" *[=!]=' --include='*.h' --include='*.cpp' \

@@ -554,8 +554,10 @@ TEST(DeviceTraining, WhatRunsOnTheCpuOnlyIsRefusedInOneLine) {
             std::string::npos);
   // The ops a model runs are its device's: CPU ops on a device model are refused.
   EXPECT_NE(titan::testing::error_of([&] {
-              qwen3::Qwen3Model(qwen3::args_from_config(c), 1, 8, 8, {}, {}, true, {}, DType::F32,
-                                true, {}, "hostdev");
+              qwen3::Qwen3Options o;
+              o.max_seq = 8;
+              o.device = "hostdev";
+              qwen3::Qwen3Model(qwen3::args_from_config(c), std::move(o));
             }).find("RoPE op 'cos_sin_rope' runs on cpu, this model computes on hostdev"),
             std::string::npos);
   config::JobConfig u = c;

@@ -249,11 +249,10 @@ class Model {
   virtual void init_weights(uint64_t seed, float std = 0.02f, int64_t unit = -1) = 0;
   virtual void zero_grad() = 0;
 
-  // ---- hooks: tensor parallelism (the model's slice, set at construction, and its tp group's
-  // collectives, models/tensor_parallel.h; a model built whole ignores them) and the linear
-  // layers' extra terms (none by default)
+  // ---- tensor parallelism: the model's slice, set at construction (models/tensor_parallel.h;
+  // its spec's parallelize installs the group's collectives); hooks: the linear layers' extra
+  // terms (none by default)
   virtual TpSlice tp_slice() const { return {}; }
-  virtual void set_tp_hooks(TpHooks* /*h*/) {}
   virtual void set_linear_hooks(LinearHooks* /*h*/) {}
 
   // ---- adapters (models/lora.h): the frozen model they adapt (null for an ordinary model);

@@ -63,6 +63,9 @@ struct ModelSpec {
   std::function<std::unique_ptr<Model>(const config::JobConfig&, config::ModuleNode& tree,
                                        const BuildOptions&)>
       build;
+  // torchtitan's parallelize_<model>: a model built on a tensor-parallel slice (BuildOptions::tp)
+  // gets its redistributions over the group's collectives; a no-op on a whole model.
+  std::function<void(Model&, TpHooks*)> parallelize;
 };
 
 // The spec registered under `name`; throws titan::Error listing the models there are.

@@ -16,6 +16,16 @@
 
 namespace titan::models {
 
+// Rows [begin, begin + rows) of n split over P ranks as torch's Shard chunks them.
+struct ShardRange {
+  int64_t begin = 0, rows = 0;
+};
+inline ShardRange shard_range(int64_t n, int rank, int P) {
+  const int64_t chunk = (n + P - 1) / P;
+  const int64_t begin = std::min(n, chunk * rank);
+  return {begin, std::min(n, begin + chunk) - begin};
+}
+
 struct TpSlice {
   int rank = 0, size = 1;
   bool sequence_parallel = false;
@@ -26,17 +36,16 @@ struct TpSlice {
   // (train/expert_parallel.h) brings them their tokens.
   int ep_rank = 0, ep_size = 1;
   bool ep_active() const { return ep_size > 1; }
-};
 
-// Rows [begin, begin + rows) of n split over P ranks as torch's Shard chunks them.
-struct ShardRange {
-  int64_t begin = 0, rows = 0;
+  // What a model asks of its slice (it never reads the ranks themselves): the rows of a
+  // dimension of n it holds, split over the tp ranks or (whole experts) the ep ranks; the block
+  // of T/size rows of T it routes when every rank holds all T; whether it adds the terms a
+  // partial sum over the group must count once.
+  ShardRange tp_shard(int64_t n) const { return shard_range(n, rank, size); }
+  ShardRange ep_shard(int64_t n) const { return shard_range(n, ep_rank, ep_size); }
+  ShardRange token_block(int64_t T) const { return {rank * (T / size), T / size}; }
+  bool counts_replicated_terms() const { return rank == 0; }
 };
-inline ShardRange shard_range(int64_t n, int rank, int P) {
-  const int64_t chunk = (n + P - 1) / P;
-  const int64_t begin = std::min(n, chunk * rank);
-  return {begin, std::min(n, begin + chunk) - begin};
-}
 
 // The collectives of the tp group, in the model's words. Every rank of the group calls them in
 // the same order with the same sizes. The float buffers are the model's memory (a device's off

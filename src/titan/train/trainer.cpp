@@ -266,7 +266,7 @@ void Trainer::build_model(const models::Model& shape, models::BuildOptions bo,
   model_ = models::build_model(cfg_, bo);
   if (dims_.tp > 1) {
     tp_ = std::make_unique<parallel::TensorParallel>(*mesh_.tp, tp_data_.get(), backend.memory());
-    model_->set_tp_hooks(tp_.get());
+    models::model_spec(cfg_.model.name).parallelize(*model_, tp_.get());
   }
   const bool lora = model_->frozen_base() != nullptr;
   check(!lora || !dims_.sharded(),

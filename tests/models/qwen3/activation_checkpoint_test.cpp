@@ -45,7 +45,7 @@ struct Result {
 
 Result run(const Qwen3Args& a, AcPolicy ac, DType compute) {
   const int64_t B = 2, S = 12;
-  Qwen3Model m(a, B, S, 8, {}, {}, true, ac, compute);
+  Qwen3Model m(a, {.max_batch = B, .max_seq = S, .ac = ac, .compute = compute});
   m.init_weights(7, 0.1f);
   std::mt19937 rng(3);
   std::vector<int32_t> in(B * S), lab(B * S), pos(B * S);
@@ -99,7 +99,9 @@ TEST(ActivationCheckpoint, MoeBf16BitwiseIdenticalInEveryMode) {
 
 TEST(ActivationCheckpoint, FullKeepsOnlyEachBlocksInput) {
   const Qwen3Args a = tiny(false);
-  Qwen3Model m(a, 2, 12, 8, {}, {}, false, AcPolicy::from_config("full", "2"));
+  Qwen3Model m(
+      a,
+      {.max_batch = 2, .max_seq = 12, .allocate = false, .ac = AcPolicy::from_config("full", "2")});
   for (const auto& t : m.activation_table()) {
     if (t.layer >= 0) {
       EXPECT_EQ(t.name, "x");

@@ -96,7 +96,9 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWMatchTransformers) {
   FixtureBatch fb = fixture_batch(expected);
   const int64_t B = fb.B, S = fb.S, T = B * S, V = args.vocab_size;
   std::vector<int32_t>&input = fb.input, &labels = fb.labels, &positions = fb.positions;
-  Qwen3Model m(args, B, S, 3);  // 3 loss chunks: chunk boundaries inside the batch
+  Qwen3Model m(args, {.max_batch = B,
+                      .max_seq = S,
+                      .loss_chunks = 3});  // 3 loss chunks: chunk boundaries inside the batch
   load_hf_weights(m, ckpt::SafetensorsSet::open(dir), dir);
   Batch batch{B, S, input.data(), labels.data(), positions.data()};
 
@@ -204,7 +206,7 @@ TEST_P(HfParityBf16, LogitsWithinTheBf16BoundAndLossNearAutocast) {
   FixtureBatch fb = fixture_batch(expected);
   const int64_t B = fb.B, S = fb.S, T = B * S, V = args.vocab_size;
   std::vector<int32_t>&input = fb.input, &labels = fb.labels, &positions = fb.positions;
-  Qwen3Model m(args, B, S, 3, {}, {}, true, {}, DType::BF16);
+  Qwen3Model m(args, {.max_batch = B, .max_seq = S, .loss_chunks = 3, .compute = DType::BF16});
   load_hf_weights(m, ckpt::SafetensorsSet::open(dir), dir);
   Batch batch{B, S, input.data(), labels.data(), positions.data()};
   std::vector<float> logits(static_cast<size_t>(T * V));

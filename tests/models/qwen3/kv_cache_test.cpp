@@ -51,7 +51,7 @@ Piecewise run_piecewise(const std::string& name, DType compute) {
   std::vector<float> ref(static_cast<size_t>(B * S * V));
   expected.read_f32("logits", {B, S, V}, ref.data());
 
-  Qwen3Model m(args, 1, S, 8, {}, {}, true, {}, compute);
+  Qwen3Model m(args, {.max_seq = S, .compute = compute});
   load_hf_weights(m, ckpt::SafetensorsSet::open(dir), dir);
   auto cache = m.new_kv_cache(B, S);
   Piecewise res;

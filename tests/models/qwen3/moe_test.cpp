@@ -153,8 +153,10 @@ TEST(MoeModel, GroupedAndReferenceExpertsAgree) {
     pos[i] = static_cast<int32_t>(i % S);
   }
   Batch b{B, S, in.data(), lab.data(), pos.data()};
-  Qwen3Model g(a, B, S),
-      r(a, B, S, 8, {}, std::vector<ops::GroupedExpertsOp>(2, ops::grouped_experts_reference_op()));
+  Qwen3Model g(a, B, S), r(a, {.max_batch = B,
+                               .max_seq = S,
+                               .experts_ops = std::vector<ops::GroupedExpertsOp>(
+                                   2, ops::grouped_experts_reference_op())});
   g.init_weights(5, 0.2f);
   r.init_weights(5, 0.2f);
   const double lg = g.forward_backward(b, 1.0f / (B * S)).sum;

@@ -8,6 +8,7 @@
 #include "titan/core/error.h"
 #include "titan/core/rng.h"
 #include "titan/models/qwen3/hf_config.h"
+#include "titan/models/qwen3/parallelize.h"
 #include "titan/models/qwen3/state_dict_adapter.h"
 #include "titan/ops/attention.h"
 #include "titan/ops/elementwise.h"
@@ -16,58 +17,21 @@
 
 namespace titan::qwen3 {
 
-namespace {
-bool ends_with(const std::string& s, const char* tail) {
-  const std::string t(tail);
-  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
-
-// torchtitan's Qwen3 tensor-parallel plan (models/qwen3/sharding.py, models/common/
-// decoder_sharding.py and moe_sharding.py): the embedding and lm_head on the vocabulary, wq, wk,
-// wv, w1, w3 column-wise, wo, w2 row-wise, experts on the expert dimension; norms, q/k norms
-// and the router replicated.
-models::ParamInfo::Tp tp_placement(const std::string& fqn) {
-  using Tp = models::ParamInfo::Tp;
-  if (fqn.find(".moe.experts.") != std::string::npos) return Tp::experts;
-  for (const char* c : {"tok_embeddings.weight", "lm_head.weight", ".wq.weight", ".wk.weight",
-                        ".wv.weight", ".w1.weight", ".w3.weight"})
-    if (ends_with(fqn, c)) return Tp::colwise;
-  if (ends_with(fqn, ".wo.weight") || ends_with(fqn, ".w2.weight")) return Tp::rowwise;
-  return Tp::replicate;
-}
-
-// How an activation-table entry divides over the tp ranks (TensorSize::tp), by its name (a
-// "recompute." entry as the tensor it recomputes).
-models::TensorSize::Tp tp_split(std::string name) {
-  using Tp = models::TensorSize::Tp;
-  if (name.rfind("recompute.", 0) == 0) name = name.substr(10);
-  for (const char* s : {"x", "attention_norm.rstd", "h", "ffn_norm.rstd", "h_final", "norm.rstd"})
-    if (name == s) return Tp::sequence;
-  for (const char* f :
-       {"attention.qkv", "attention.q", "attention.k", "attention.q_norm.rstd",
-        "attention.k_norm.rstd", "attention.out", "attention.lse", "feed_forward.w13",
-        "feed_forward.hidden", "grad.qkv", "grad.q", "grad.k", "grad.attention_out", "grad.w13",
-        "grad.hidden", "attention.scratch", "attention.delta", "loss.scratch"})
-    if (name == f) return Tp::feature;
-  return Tp::full;
-}
-}  // namespace
-
 void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group,
-                           int64_t* off, int split) {
+                           int64_t* off) {
+  const int split = tp_split_dim(fqn);
   ParamInfo p;
   p.fqn = fqn;
   p.shape = std::move(shape);
   const bool experts = fqn.find(".moe.experts.") != std::string::npos;
   if (experts && tp_.ep_active()) {  // whole experts of this ep rank (dimension 0)
-    const models::ShardRange r = models::shard_range(p.shape[0], tp_.ep_rank, tp_.ep_size);
+    const models::ShardRange r = tp_.ep_shard(p.shape[0]);
     p.split_dim = 0;
     p.local_begin = r.begin;
     p.local_len = r.rows;
     p.split_over_ep = true;
   } else if (tp_.active() && split >= 0) {
-    const models::ShardRange r =
-        models::shard_range(p.shape[static_cast<size_t>(split)], tp_.rank, tp_.size);
+    const models::ShardRange r = tp_.tp_shard(p.shape[static_cast<size_t>(split)]);
     p.split_dim = split;
     p.local_begin = r.begin;
     p.local_len = r.rows;
@@ -82,57 +46,54 @@ void Qwen3Model::add_param(const std::string& fqn, std::vector<int64_t> shape, i
   params_.push_back(std::move(p));
 }
 
-Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq,
-                       int64_t loss_chunks, std::vector<ops::RopeOp> rope_ops,
-                       std::vector<ops::GroupedExpertsOp> experts_ops, bool allocate,
-                       models::AcPolicy ac, DType compute, bool trainable, models::TpSlice tp,
-                       const std::string& device, bool sharded)
+Qwen3Model::Qwen3Model(const Qwen3Args& args, Qwen3Options opt)
     : a_(args),
-      tp_(tp),
-      be_(ops::backend(device, dtype_op_name(compute))),
+      tp_(opt.tp),
+      be_(ops::backend(opt.device, dtype_op_name(opt.compute))),
       mem_(be_.memory()),
       dev_(!mem_.host()),
-      bf16_(compute == DType::BF16),
-      trainable_(trainable),
-      max_tokens_(max_batch * max_seq),
-      max_batch_(max_batch),
-      max_seq_(max_seq),
-      rope_ops_(std::move(rope_ops)),
-      experts_ops_(std::move(experts_ops)) {
+      bf16_(opt.compute == DType::BF16),
+      trainable_(opt.trainable),
+      max_tokens_(opt.max_batch * opt.max_seq),
+      max_batch_(opt.max_batch),
+      max_seq_(opt.max_seq),
+      rope_ops_(std::move(opt.rope_ops)),
+      experts_ops_(std::move(opt.experts_ops)) {
   hf_ = std::make_unique<Qwen3StateDictAdapter>(*this);
-  ac_ = ac;
+  ac_ = opt.ac;
   a_.validate();
-  check(max_seq <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq) +
-                                       " exceeds the model's maximum context length " +
-                                       std::to_string(a_.max_seq_len) +
-                                       " (model.max_seq_len); lower training.seq_len");
-  check(loss_chunks > 0, "loss chunks must be positive");
-  loss_chunk_rows_ = std::max<int64_t>(1, (max_tokens_ + loss_chunks - 1) / loss_chunks);
+  check(max_seq_ <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq_) +
+                                        " exceeds the model's maximum context length " +
+                                        std::to_string(a_.max_seq_len) +
+                                        " (model.max_seq_len); lower training.seq_len");
+  check(opt.loss_chunks > 0, "loss chunks must be positive");
+  loss_chunk_rows_ = std::max<int64_t>(1, (max_tokens_ + opt.loss_chunks - 1) / opt.loss_chunks);
+  // The spec checked the layout against the config; a direct caller is checked here.
+  check_parallel_layout(a_, {tp_.size, tp_.ep_size, tp_.sequence_parallel, max_tokens_},
+                        "the model");
+  check(!dev_ || !(tp_.active() && tp_.ep_active()),
+        "expert parallelism over the tensor-parallel ranks runs on the CPU only (device " +
+            opt.device + "); use --training.device cpu, or EP over the data-parallel ranks");
+  const SliceWidths w = slice_widths(a_, tp_);
+  hq_ = w.hq, hkv_ = w.hkv, q_ = w.q, kv_ = w.kv, qkv_ = w.qkv, f_ = w.f, fm_ = w.fm;
+  v0_ = w.v0, vl_ = w.vl;
+  lay_out_params(opt.sharded);
+  set_up_ops(opt.allocate);
+  saved_.resize(static_cast<size_t>(a_.n_layers));
+  // ---- the size table: every activation saved for the backward and every workspace, declared
+  // once; the arenas are sized from it and carved in its order.
+  std::vector<void**> slots;
+  declare_tensors(&slots);
+  if (!opt.allocate) return;  // a plan-only model: parameter list and size table, no storage
+  allocate_buffers(slots);
+}
+
+// The parameters in flat order (this slice's, parallelize.h's plan) and the store over them.
+void Qwen3Model::lay_out_params(bool sharded) {
   const int64_t D = a_.dim, V = a_.vocab_size, d = a_.head_dim, F = a_.hidden_dim;
   const int64_t L = a_.n_layers, E = a_.num_experts, Fm = a_.moe_hidden_dim;
-  if (tp_.active()) {  // the spec checked these with torchtitan's words; a direct caller too
-    const bool dense = a_.n_moe_layers() < a_.n_layers;
-    check(a_.n_heads % tp_.size == 0 && a_.n_kv_heads % tp_.size == 0 &&
-              (!dense || F % tp_.size == 0) && (tp_.ep_active() || Fm % tp_.size == 0),
-          "tensor parallelism needs n_heads, n_kv_heads, hidden_dim and moe_hidden_dim divisible "
-          "by the degree");
-    check(!tp_.sequence_parallel || max_tokens_ % tp_.size == 0,
-          "sequence parallelism needs the tokens per microbatch divisible by the degree");
-  }
-  check(!tp_.ep_active() || (a_.is_moe() && E % tp_.ep_size == 0),
-        "expert parallelism needs a MoE model whose num_experts the degree divides");
-  check(!dev_ || !(tp_.active() && tp_.ep_active()),
-        "expert parallelism over the tensor-parallel ranks runs on the CPU only (device " + device +
-            "); use --training.device cpu, or EP over the data-parallel ranks");
-  const int64_t P = tp_.size;
-  hq_ = a_.n_heads / P, hkv_ = a_.n_kv_heads / P, q_ = hq_ * d, kv_ = hkv_ * d;
-  qkv_ = q_ + 2 * kv_, f_ = F / P, fm_ = tp_.ep_active() ? Fm : Fm / P;
-  const models::ShardRange vs = models::shard_range(V, tp_.rank, tp_.size);
-  v0_ = vs.begin, vl_ = vs.rows;
-
-  // ---- parameter layout (the slices of a tensor-parallel rank: split 0 column-wise, 1 row-wise)
   int64_t off = 0;
-  add_param("tok_embeddings.weight", {V, D}, 0, &off, 0);
+  add_param("tok_embeddings.weight", {V, D}, 0, &off);
   tok_emb_ = 0;
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -140,15 +101,15 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     ly.attention_norm = off;
     add_param(p + "attention_norm.weight", {D}, l + 1, &off);
     ly.wqkv = off;
-    add_param(p + "attention.wq.weight", {a_.q_dim(), D}, l + 1, &off, 0);
-    add_param(p + "attention.wk.weight", {a_.kv_dim(), D}, l + 1, &off, 0);
-    add_param(p + "attention.wv.weight", {a_.kv_dim(), D}, l + 1, &off, 0);
+    add_param(p + "attention.wq.weight", {a_.q_dim(), D}, l + 1, &off);
+    add_param(p + "attention.wk.weight", {a_.kv_dim(), D}, l + 1, &off);
+    add_param(p + "attention.wv.weight", {a_.kv_dim(), D}, l + 1, &off);
     ly.q_norm = off;
     add_param(p + "attention.q_norm.weight", {d}, l + 1, &off);
     ly.k_norm = off;
     add_param(p + "attention.k_norm.weight", {d}, l + 1, &off);
     ly.wo = off;
-    add_param(p + "attention.wo.weight", {D, a_.q_dim()}, l + 1, &off, 1);
+    add_param(p + "attention.wo.weight", {D, a_.q_dim()}, l + 1, &off);
     ly.ffn_norm = off;
     add_param(p + "ffn_norm.weight", {D}, l + 1, &off);
     if (a_.moe_layer(l)) {
@@ -157,17 +118,17 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
       ly.gate = off;
       add_param(p + "moe.router.gate.weight", {E, D}, l + 1, &off);
       ly.ew1 = off;
-      add_param(p + "moe.experts.w1", {E, Fm, D}, l + 1, &off, 1);
+      add_param(p + "moe.experts.w1", {E, Fm, D}, l + 1, &off);
       ly.ew3 = off;
-      add_param(p + "moe.experts.w3", {E, Fm, D}, l + 1, &off, 1);
+      add_param(p + "moe.experts.w3", {E, Fm, D}, l + 1, &off);
       ly.ew2 = off;
-      add_param(p + "moe.experts.w2", {E, D, Fm}, l + 1, &off, 2);
+      add_param(p + "moe.experts.w2", {E, D, Fm}, l + 1, &off);
     } else {
       ly.w13 = off;
-      add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off, 0);
-      add_param(p + "feed_forward.w3.weight", {F, D}, l + 1, &off, 0);
+      add_param(p + "feed_forward.w1.weight", {F, D}, l + 1, &off);
+      add_param(p + "feed_forward.w3.weight", {F, D}, l + 1, &off);
       ly.w2 = off;
-      add_param(p + "feed_forward.w2.weight", {D, F}, l + 1, &off, 1);
+      add_param(p + "feed_forward.w2.weight", {D, F}, l + 1, &off);
     }
     layers_.push_back(ly);
   }
@@ -182,21 +143,26 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     lm_head_ = tok_emb_;
   } else {
     lm_head_ = off;
-    add_param("lm_head.weight", {V, D}, L + 1, &off, 0);
+    add_param("lm_head.weight", {V, D}, L + 1, &off);
   }
   // The store: a bf16 compute copy of all but an untied embedding (which is only looked up).
   models::ParamStore::Layout lay{off, models::param_units(params_),
                                  bf16_ && !a_.tie_embeddings ? vl_ * D : 0, copy_only_ranges()};
   store_.emplace(std::move(lay), models::ParamStore::Options{bf16_, trainable_, sharded}, be_);
+}
 
+// The per-layer RoPE and experts ops (the built-ins where none was chosen), each on this
+// model's device; the tables they read.
+void Qwen3Model::set_up_ops(bool allocate) {
+  const int64_t L = a_.n_layers, E = a_.num_experts, d = a_.head_dim;
   if (rope_ops_.empty()) rope_ops_.assign(static_cast<size_t>(L), ops::cos_sin_rope_op());
   check(static_cast<int64_t>(rope_ops_.size()) == L, "one RoPE op per layer is required");
   for (const auto& op : rope_ops_)  // the ops run on this model's memory
     check(op.device == be_.device, "RoPE op '" + op.name + "' runs on " + op.device +
                                        ", this model computes on " + be_.device);
   if (allocate) {
-    rope_.resize(max_seq * d, mem_);
-    be_.rope_table(max_seq, d, a_.rope_theta, rope_.data());
+    rope_.resize(max_seq_ * d, mem_);
+    be_.rope_table(max_seq_, d, a_.rope_theta, rope_.data());
   }
   const int64_t n_moe = static_cast<int64_t>(load_.size());
   if (n_moe > 0) {
@@ -213,13 +179,12 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq
     aux_hits_.assign(static_cast<size_t>(E), 0.0);
     aux_psum_.assign(static_cast<size_t>(E), 0.0);
   }
-  saved_.resize(static_cast<size_t>(L));
+}
 
-  // ---- the size table: every activation saved for the backward and every workspace, declared
-  // once; the arenas are sized from it and carved in its order.
-  std::vector<void**> slots;
-  declare_tensors(&slots);
-  if (!allocate) return;  // a plan-only model: parameter list and size table, no storage
+// The store's buffers, the device's copies and the arenas carved in the size table's order.
+void Qwen3Model::allocate_buffers(const std::vector<void**>& slots) {
+  const int64_t L = a_.n_layers, E = a_.num_experts, D = a_.dim, d = a_.head_dim;
+  const int64_t n_moe = static_cast<int64_t>(load_.size());
   store_->allocate();
   if (dev_) {
     batch_dev_.resize(3 * max_tokens_, mem_);
@@ -524,7 +489,7 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
     be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
   }
   linear(s.o, w.wo, tmp_, T, Q, D);
-  be_.add(s.x, reduce_partial(tmp_, T), s.hmid, Tl * D);
+  be_.add(s.x, reduce_.forward(tmp_, tp_buf_, T), s.hmid, Tl * D);
   ffn_norm(l, Tl, s);
   const bool local = w.moe >= 0 && moe_local();
   if (w.moe >= 0) {
@@ -537,14 +502,15 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
     linear(s.g, w.w2, tmp_, T, F, D);
   }
   // A local MoE layer under SP computed this rank's rows whole.
-  be_.add(s.hmid, local && tp_.sequence_parallel ? tmp_ : reduce_partial(tmp_, T), out, Tl * D);
+  be_.add(s.hmid, local && tp_.sequence_parallel ? tmp_ : reduce_.forward(tmp_, tp_buf_, T), out,
+          Tl * D);
 }
 
 Qwen3Model::Rows Qwen3Model::moe_rows(int64_t T) const {
   if (!moe_local()) return {0, T};
   if (tp_.sequence_parallel) return {0, local_tokens(T)};
-  const int64_t n = T / tp_.size;  // T % tp checked with the layout
-  return {tp_.rank * n, n};
+  const models::ShardRange r = tp_.token_block(T);  // T % tp checked with the layout
+  return {r.begin, r.rows};
 }
 
 void Qwen3Model::ffn_norm(int64_t l, int64_t Tl, Saved& s) {
@@ -558,32 +524,16 @@ void Qwen3Model::ffn_norm(int64_t l, int64_t Tl, Saved& s) {
 
 void Qwen3Model::norm_gathered(int64_t Tl, const float* x, int64_t w, float* out, float* rstd) {
   const int64_t D = a_.dim;
-  const float* wp = store_->weights() + w;
-  if (!tp_.sequence_parallel) {
-    be_.rmsnorm_fwd({Tl, 1, D, D, D}, x, wp, a_.norm_eps, out, rstd);
-    return;
-  }
-  be_.rmsnorm_fwd({Tl, 1, D, D, D}, x, wp, a_.norm_eps, tmp_, rstd);
-  tp_hooks_->all_gather(tmp_, out, Tl * D);
+  float* local = gather_.local(out, tmp_);
+  be_.rmsnorm_fwd({Tl, 1, D, D, D}, x, store_->weights() + w, a_.norm_eps, local, rstd);
+  gather_.forward(local, out, Tl * tp_.size);
 }
 
-const float* Qwen3Model::reduce_partial(float* y, int64_t T) {
-  if (!tp_.active()) return y;
-  if (tp_.sequence_parallel) {
-    tp_hooks_->reduce_scatter(y, tp_buf_, local_tokens(T) * a_.dim);
-    return tp_buf_;
-  }
-  tp_hooks_->all_reduce(y, T * a_.dim);
-  return y;
+void Qwen3Model::set_tp_group(models::TpHooks* h, const models::TpRegion& region) {
+  tp_hooks_ = h;
+  gather_ = models::GatherSequence(region);
+  reduce_ = models::ReducePartial(region);
 }
-
-const float* Qwen3Model::gathered_grad(int64_t T) {
-  if (!tp_.sequence_parallel) return dx_;
-  tp_hooks_->all_gather(dx_, tp_buf_, local_tokens(T) * a_.dim);
-  return tp_buf_;
-}
-
-const float* Qwen3Model::reduced_grad(int64_t T) { return reduce_partial(dxn_, T); }
 
 void Qwen3Model::reduce_norm_grads(const int64_t* offsets, const int64_t* lens, int n,
                                    int n_residual) {
@@ -615,7 +565,7 @@ void Qwen3Model::embedding_forward(const int32_t* ids, int64_t T, float* out) {
   }
   // Vocab-parallel: the rows of this rank's vocabulary, zeros elsewhere, summed over the group.
   be_.embedding_fwd_range(ids, T, table, V, v0_, vl_, D, tmp_);
-  be_.copy(out, reduce_partial(tmp_, T), local_tokens(T) * D * sizeof(float));
+  be_.copy(out, reduce_.forward(tmp_, tp_buf_, T), local_tokens(T) * D * sizeof(float));
 }
 
 void Qwen3Model::embedding_backward(const int32_t* ids, int64_t T) {
@@ -625,7 +575,8 @@ void Qwen3Model::embedding_backward(const int32_t* ids, int64_t T) {
     return;
   }
   // The gradient rows of the tokens in this rank's vocabulary rows.
-  be_.embedding_bwd_range(ids, T, gathered_grad(T), v0_, vl_, D, grad_at(tok_emb_));
+  be_.embedding_bwd_range(ids, T, reduce_.backward(dx_, tp_buf_, T), v0_, vl_, D,
+                          grad_at(tok_emb_));
 }
 
 // Selective AC "op": the block's norms, RoPE and SwiGLU from its kept inputs (x, qkv, h, w13).
@@ -669,18 +620,19 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
     // out = hmid + moe(norm(hmid)); a local layer: this rank's rows (the others' dxn zero)
     const Rows m = moe_rows(T);
     if (local && !tp_.sequence_parallel) be_.memset(dxn_, 0, sizeof(float) * T * D);
-    moe_backward(l, m, local ? dx_ + m.begin * D : gathered_grad(T), dxn_ + m.begin * D);
+    moe_backward(l, m, local ? dx_ + m.begin * D : reduce_.backward(dx_, tp_buf_, T),
+                 dxn_ + m.begin * D);
   } else {
     // out = hmid + w2·swiglu(w13·norm(hmid))
-    linear_back(gathered_grad(T), s.g, w.w2, dg_, T, F, D);
+    linear_back(reduce_.backward(dx_, tp_buf_, T), s.g, w.w2, dg_, T, F, D);
     be_.swiglu_bwd(dg_, s.ab, dab_, T, F);
     linear_back(dab_, s.xn2, w.w13, dxn_, T, D, 2 * F);
   }
-  be_.rmsnorm_bwd(rows, local && tp_.sequence_parallel ? dxn_ : reduced_grad(T), s.hmid,
-                  P + w.ffn_norm, s.rstd2, tmp_, norm_grad(w.ffn_norm, D), norm_scratch_);
+  be_.rmsnorm_bwd(rows, local && tp_.sequence_parallel ? dxn_ : gather_.backward(dxn_, tp_buf_, T),
+                  s.hmid, P + w.ffn_norm, s.rstd2, tmp_, norm_grad(w.ffn_norm, D), norm_scratch_);
   be_.add_inplace(dx_, tmp_, Tl * D);
   // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
-  linear_back(gathered_grad(T), s.o, w.wo, do_, T, Q, D);
+  linear_back(reduce_.backward(dx_, tp_buf_, T), s.o, w.wo, do_, T, Q, D);
   be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
                     dqkv_ + Q + KV, delta_, attn_scratch_);
   call_rope(l, false, dq_, b, Hq, Q);
@@ -690,8 +642,8 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   be_.rmsnorm_bwd(krows, dkr_, s.qkv + Q, P + w.k_norm, s.rstd_k, dqkv_ + Q,
                   norm_grad(w.k_norm, 2 * D + d), norm_scratch_);
   linear_back(dqkv_, s.xn1, w.wqkv, dxn_, T, D, QKV);
-  be_.rmsnorm_bwd(rows, reduced_grad(T), s.x, P + w.attention_norm, s.rstd1, tmp_,
-                  norm_grad(w.attention_norm, 0), norm_scratch_);
+  be_.rmsnorm_bwd(rows, gather_.backward(dxn_, tp_buf_, T), s.x, P + w.attention_norm, s.rstd1,
+                  tmp_, norm_grad(w.attention_norm, 0), norm_scratch_);
   be_.add_inplace(dx_, tmp_, Tl * D);
   if (tp_norms) {
     const int64_t offsets[] = {w.attention_norm, w.ffn_norm, w.q_norm, w.k_norm};
@@ -793,7 +745,7 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
   {
     const bool tp_norm = tp_.active() && trainable_;
     if (tp_norm) be_.memset(tp_gnorm_.data(), 0, sizeof(float) * static_cast<size_t>(D));
-    be_.rmsnorm_bwd(rows, reduced_grad(T), h_final_, P + norm_, rstd_f_, dx_,
+    be_.rmsnorm_bwd(rows, gather_.backward(dxn_, tp_buf_, T), h_final_, P + norm_, rstd_f_, dx_,
                     tp_norm ? tp_gnorm_.data() : grad_at(norm_), norm_scratch_);
     if (tp_norm) {
       const int64_t offsets[] = {norm_}, lens[] = {D};
@@ -1053,7 +1005,8 @@ void Qwen3Model::moe_backward(int64_t l, const Rows& m, const float* dy, float* 
     dgate = tp_ggate_.data();
   }
   be_.linear_bwd(dlogits_, s.xn2 + m.begin * D, store_->weights() + w.gate,
-                 tp_.rank == 0 || local ? dxn : nullptr, dgate, T, D, E, /*dx_accumulate=*/true);
+                 tp_.counts_replicated_terms() || local ? dxn : nullptr, dgate, T, D, E,
+                 /*dx_accumulate=*/true);
   if (local && dgate) {
     tp_hooks_->all_reduce(dgate, E * D);
     be_.add_inplace(grad_at(w.gate), dgate, E * D);

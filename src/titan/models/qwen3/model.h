@@ -49,6 +49,7 @@
 #include "titan/core/error.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
+#include "titan/models/redistribute.h"
 #include "titan/ops/backend.h"
 #include "titan/ops/experts_op.h"
 #include "titan/ops/loss.h"
@@ -62,22 +63,35 @@ using models::ParamInfo;
 
 class Qwen3StateDictAdapter;
 
+// What to build besides the architecture.
+struct Qwen3Options {
+  int64_t max_batch = 1, max_seq = 1;  // microbatch capacity (rows × tokens per row)
+  int64_t loss_chunks = 8;             // the lm_head + loss runs in this many row chunks
+  // The RoPE kernel pair of each layer (from the module tree and its overrides); empty: the
+  // built-in cos/sin RoPE everywhere.
+  std::vector<ops::RopeOp> rope_ops{};
+  // The grouped-experts kernel pair of each layer (entries of dense layers are unused); empty:
+  // the built-in grouped_experts op (of the compute dtype) in every MoE layer.
+  std::vector<ops::GroupedExpertsOp> experts_ops{};
+  // false: a plan-only model, params() and activation_table() without storage (nothing else may
+  // be called on it).
+  bool allocate = true;
+  models::AcPolicy ac{};
+  DType compute = DType::F32;
+  bool trainable = true;  // false: frozen (no gradients), the base of LoRA adapters
+  models::TpSlice tp{};   // the slice of the parallel layout (parallelize.h); whole by default
+  std::string device = "cpu";
+  bool sharded = false;  // models::BuildOptions::sharded
+};
+
 class Qwen3Model final : public models::Model,
                          public models::Generator,
                          public models::RoutingStats {
  public:
-  // rope_ops: the RoPE kernel pair of each layer (from the module tree and its overrides);
-  // empty means the built-in cos/sin RoPE everywhere.
-  // experts_ops: the grouped-experts kernel pair of each layer (entries of dense layers are
-  // unused); empty means the built-in grouped_experts op (of the compute dtype) in every MoE
-  // layer.
-  // allocate = false makes a plan-only model: params() and activation_table() without storage
-  // (nothing else may be called on it). sharded: models::BuildOptions::sharded.
-  Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq, int64_t loss_chunks = 8,
-             std::vector<ops::RopeOp> rope_ops = {},
-             std::vector<ops::GroupedExpertsOp> experts_ops = {}, bool allocate = true,
-             models::AcPolicy ac = {}, DType compute = DType::F32, bool trainable = true,
-             models::TpSlice tp = {}, const std::string& device = "cpu", bool sharded = false);
+  Qwen3Model(const Qwen3Args& args, Qwen3Options opt);
+  // The defaults for a microbatch of max_batch × max_seq.
+  Qwen3Model(const Qwen3Args& args, int64_t max_batch, int64_t max_seq)
+      : Qwen3Model(args, Qwen3Options{.max_batch = max_batch, .max_seq = max_seq}) {}
 
   ~Qwen3Model() override;
 
@@ -93,7 +107,8 @@ class Qwen3Model final : public models::Model,
   // collectives. Training and evaluation losses only: logits, generation and the Hugging Face
   // adapter need the whole model (the trainer gathers one, train/tensor_parallel.h).
   models::TpSlice tp_slice() const override { return tp_; }
-  void set_tp_hooks(models::TpHooks* h) override { tp_hooks_ = h; }
+  // parallelize.h: the group's collectives and the redistributions over them.
+  void set_tp_group(models::TpHooks* h, const models::TpRegion& region);
   int64_t vocab_size() const override { return a_.vocab_size; }
 
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
@@ -230,21 +245,20 @@ class Qwen3Model final : public models::Model,
   // projections).
   std::vector<models::FlatRange> copy_only_ranges() const;
   void call_rope(int64_t layer, bool forward, float* x, const Batch& b, int64_t heads, int64_t ld);
-  // split: the dimension a tensor-parallel slice splits (-1: whole on every rank).
-  void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off,
-                 int split = -1);
-  // Tensor parallelism's redistributions (identities when the model is whole): the residual
-  // stream's tokens held here; a norm of the residual stream whose output the projections read
-  // whole (sequence parallelism: normalized here, all-gathered into out); a row-parallel
-  // projection's partial output [T, D] summed over the group (SP: reduce-scattered into tp_buf_);
-  // in the backward, the gradient of the residual stream as those projections read it (SP:
-  // dx_ all-gathered into tp_buf_) and the partial gradient of a gathered norm output (dxn_)
-  // reduced to the tokens held here.
+  // The constructor's steps: the parameter layout (this slice's, parallelize.h's plan) and the
+  // store; the per-layer ops checked against the device; the buffers and the arenas carved from
+  // the size table.
+  void lay_out_params(bool sharded);
+  void add_param(const std::string& fqn, std::vector<int64_t> shape, int64_t group, int64_t* off);
+  void set_up_ops(bool allocate);
+  void allocate_buffers(const std::vector<void**>& slots);
+  // Tensor parallelism's redistributions (models/redistribute.h; identities when the model is
+  // whole): gather_ where the residual stream's norms feed the column-parallel projections,
+  // reduce_ where the row-parallel ones (wo, w2, the embedding) return partial sums; their
+  // scratch is tmp_ (forward) and tp_buf_. local_tokens: the residual stream's tokens held here.
   int64_t local_tokens(int64_t T) const { return tp_.sequence_parallel ? T / tp_.size : T; }
+  // A norm of the residual stream whose output the projections read whole.
   void norm_gathered(int64_t Tl, const float* x, int64_t w, float* out, float* rstd);
-  const float* reduce_partial(float* y, int64_t T);
-  const float* gathered_grad(int64_t T);
-  const float* reduced_grad(int64_t T);
   // The gradients of the replicated norm weights one backward computed in tp_gnorm_ (n slots of
   // lens[i] values, the first n_residual the residual stream's norms), summed over the group where
   // they are partial, added to the gradients at offsets[i].
@@ -257,9 +271,11 @@ class Qwen3Model final : public models::Model,
   Qwen3Args a_;
   models::TpSlice tp_;
   models::TpHooks* tp_hooks_ = nullptr;
+  models::GatherSequence gather_;
+  models::ReducePartial reduce_;
   // This slice's sizes (the whole model's without tensor parallelism): heads, projection widths,
   // feed-forward and experts' hidden units, vocabulary rows [v0_, v0_ + vl_).
-  int64_t hq_, hkv_, q_, kv_, qkv_, f_, fm_, v0_, vl_;
+  int64_t hq_ = 0, hkv_ = 0, q_ = 0, kv_ = 0, qkv_ = 0, f_ = 0, fm_ = 0, v0_ = 0, vl_ = 0;
   const ops::Backend& be_;     // the kernels (<device>/float32 or <device>/bfloat16)
   DeviceMemory mem_;           // be_'s memory: where every buffer below lives (but the host's)
   bool dev_ = false;           // off the CPU (mem_ is a device's)

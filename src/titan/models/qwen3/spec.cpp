@@ -8,6 +8,7 @@
 #include "titan/models/qwen3/hf_config.h"
 #include "titan/models/qwen3/model.h"
 #include "titan/models/qwen3/modules.h"
+#include "titan/models/qwen3/parallelize.h"
 #include "titan/ops/device.h"
 
 namespace titan::qwen3 {
@@ -81,43 +82,12 @@ void validate(const config::JobConfig& c) {
   check(seq_len <= a.max_seq_len, "training.seq_len " + std::to_string(seq_len) +
                                       " exceeds the maximum context of " + source + " (" +
                                       std::to_string(a.max_seq_len) + ")");
-  // The tensor/expert-parallel layout must split whole heads and experts (torchtitan's
-  // validate_tp_constraints and MoE checks).
-  const int64_t tp = c.parallelism.tensor_parallel_degree,
-                ep = c.parallelism.expert_parallel_degree;
-  if (tp > 1) {
-    check(a.n_heads % tp == 0, "n_heads (" + std::to_string(a.n_heads) +
-                                   ") must be divisible by tp_size (" + std::to_string(tp) +
-                                   ") (parallelism.tensor_parallel_degree)");
-    check(a.n_kv_heads % tp == 0, "n_kv_heads (" + std::to_string(a.n_kv_heads) +
-                                      ") must be divisible by tp_size (" + std::to_string(tp) +
-                                      ") (parallelism.tensor_parallel_degree)");
-    check(a.n_moe_layers() == a.n_layers || a.hidden_dim % tp == 0,
-          "hidden_dim (" + std::to_string(a.hidden_dim) + ") must be divisible by tp_size (" +
-              std::to_string(tp) + ") (parallelism.tensor_parallel_degree)");
-    check(!a.is_moe() || ep > 1 || a.moe_hidden_dim % tp == 0,
-          "moe_hidden_dim (" + std::to_string(a.moe_hidden_dim) +
-              ") must be divisible by tp_size (" + std::to_string(tp) +
-              ") (parallelism.tensor_parallel_degree: the experts' hidden units are split)");
-    const int64_t tokens = c.training.local_batch_size * seq_len;
-    check(!c.parallelism.enable_sequence_parallel || tokens % tp == 0,
-          "sequence parallelism needs the tokens per microbatch (local_batch_size x seq_len = " +
-              std::to_string(tokens) + ") divisible by tp_size (" + std::to_string(tp) +
-              "); change training.seq_len or training.local_batch_size, or pass "
-              "--parallelism.enable_sequence_parallel false");
-    check(ep == 1 || tokens % tp == 0,
-          "expert parallelism over the tensor-parallel ranks routes 1/tp_size of each "
-          "microbatch's tokens per rank: local_batch_size x seq_len (" +
-              std::to_string(tokens) + ") must be divisible by tp_size (" + std::to_string(tp) +
-              "); change training.seq_len or training.local_batch_size");
-  }
-  if (ep > 1) {
-    check(a.is_moe(), "parallelism.expert_parallel_degree " + std::to_string(ep) + ": " + source +
-                          " has no experts (expert parallelism is for MoE models)");
-    check(a.num_experts % ep == 0, "num_experts (" + std::to_string(a.num_experts) +
-                                       ") must be divisible by ep (" + std::to_string(ep) +
-                                       ") (parallelism.expert_parallel_degree)");
-  }
+  // The tensor/expert-parallel layout must split whole heads and experts.
+  check_parallel_layout(
+      a,
+      {c.parallelism.tensor_parallel_degree, c.parallelism.expert_parallel_degree,
+       c.parallelism.enable_sequence_parallel, c.training.local_batch_size * seq_len},
+      source);
 }
 
 std::string describe(const config::JobConfig& c) {
@@ -177,11 +147,15 @@ models::ModelSpec model_spec() {
           if (op.check)
             op.check({o.batch * o.seq_len, a.dim, a.moe_hidden_dim, a.num_experts, a.top_k});
         }
-    return std::make_unique<Qwen3Model>(
-        a, o.batch, o.seq_len, o.loss_chunks,
-        rope_plan(tree, a, o.seq_len, plugin::Registry::global(), o.device), std::move(experts),
-        o.allocate, o.ac, compute, o.trainable, o.tp, o.device, o.sharded);
+    Qwen3Options m;
+    m.max_batch = o.batch, m.max_seq = o.seq_len, m.loss_chunks = o.loss_chunks;
+    m.rope_ops = rope_plan(tree, a, o.seq_len, plugin::Registry::global(), o.device);
+    m.experts_ops = std::move(experts);
+    m.allocate = o.allocate, m.ac = o.ac, m.compute = compute, m.trainable = o.trainable;
+    m.tp = o.tp, m.device = o.device, m.sharded = o.sharded;
+    return std::make_unique<Qwen3Model>(a, std::move(m));
   };
+  s.parallelize = parallelize;
   return s;
 }
 
