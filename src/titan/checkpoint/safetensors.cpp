@@ -353,6 +353,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return f;
 }
 
+// Long because every check of the format's header is here, each with its own message: the JSON,
+// __metadata__, dtype names, shapes, offsets in bounds, ordered and without gaps or overlaps.
 // Fills tensors_ and metadata_ from the header text; the data section is [data, data + size).
 void SafetensorsFile::parse_header(const std::string& header, const uint8_t* data,
                                    size_t data_size) {

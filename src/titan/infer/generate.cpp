@@ -221,6 +221,9 @@ void validate_generate_config(const config::JobConfig& cfg) {
   models::validate_model_config(c);
 }
 
+// One function on purpose: it reads as the generation loop does (model and weights, tokenizer,
+// prompts, the prefill and decode steps, the stop rules, the output), each step a few lines; split,
+// the steps would pass a dozen locals between them.
 GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& o) {
   check(!cfg_in.checkpoint.initial_load_path.empty() || !cfg_in.model.hf_assets_path.empty(),
         "titan generate needs weights: set model.hf_assets_path (a Hugging Face directory) or "

@@ -191,6 +191,9 @@ bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp
 
 }  // namespace
 
+// Long by its two blocks, one per op kind (RoPE, then grouped experts with its edge shapes and
+// memory check), each comparing every replaced kernel with the code it replaces on the model's
+// shapes; they share the module trees, the device and the count of what was checked.
 bool check_kernels(const config::JobConfig& cfg, double tolerance) {
   // The module tree before and after the overrides, as build_model makes them; the shapes
   // checked are Qwen3's (RoPE on q/k heads, grouped experts).

@@ -49,6 +49,8 @@ void load_weights(models::Model& m, const config::JobConfig& cfg) {
 
 }  // namespace
 
+// titan eval from start to end (config, model, weights, data, the loss loop, the logits file),
+// each step a few lines over shared locals; kept whole like the trainer's loop.
 EvalResult evaluate(const config::JobConfig& cfg) {
   models::validate_model_config(cfg);
   // The model as every command builds it (module tree, overrides, ops); weights loaded after.

@@ -737,6 +737,10 @@ void Trainer::maybe_checkpoint() {
   dist::world().barrier();  // the step folder is committed before any rank goes on
 }
 
+// The training loop as torchtitan's train() reads: data, forward/backward per microbatch, the
+// gradient reductions, clipping, the optimizer step, metrics, validation, checkpoints and the
+// stop conditions in order. Each phase is a call or a few lines; kept in one place so the order
+// of the collectives every rank must match is visible at once.
 void Trainer::train() {
   const auto& t = cfg_.training;
   log::set_color(!cfg_.metrics.disable_color_printing);

@@ -36,6 +36,8 @@ Qwen3Args args_from_hf_config(const std::string& dir) {
   return args_from_hf_json(cfg, path);
 }
 
+// Long because Transformers' config.json has that many fields: one check and one assignment per
+// field (dense and MoE), in the order Qwen3Config declares them, each naming the field it refuses.
 Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
   auto fail = [&](const std::string& field, const std::string& what) {
     throw Error(where + ": field '" + field + "' " + what);

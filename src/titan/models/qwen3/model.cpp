@@ -231,6 +231,8 @@ void Qwen3Model::allocate_buffers(const std::vector<void**>& slots) {
   if (tp_.active()) tp_gnorm_.resize(2 * D + 2 * d, mem_);
 }
 
+// Long because it is the size table: one line per activation and workspace of the model, in
+// carving order, so the memory plan and the allocation read the same list.
 void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
   // Under tensor parallelism: this slice's widths; the residual stream (x, h, their norms'
   // statistics, h_final) on Tl tokens with sequence parallelism.
@@ -652,6 +654,9 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   }
 }
 
+// The whole pass, forward then backward, in one function so the order of the parameter-store
+// calls (acquire/release per unit, which FSDP turns into collectives every rank must match) and the
+// tensor-parallel reductions reads top to bottom.
 ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight, bool backward,
                              float* logits_out) {
   check(hb.B <= max_batch_ && hb.S <= max_seq_ && hb.B * hb.S <= max_tokens_,
