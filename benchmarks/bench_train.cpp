@@ -24,6 +24,7 @@
 #include "titan/models/qwen3/model.h"
 #include "titan/ops/gemm.h"
 #include "titan/optim/adamw.h"
+#include "titan/optim/state.h"
 
 namespace {
 
@@ -31,7 +32,8 @@ double g_peak = 0, g_peak_bf16 = 0;  // fp32 and bf16 GEMM FLOP/s measured at st
 using titan::DType;
 
 void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64_t batch,
-                    int64_t seq, titan::models::AcPolicy ac = {}, DType compute = DType::F32) {
+                    int64_t seq, titan::models::AcPolicy ac = {}, DType compute = DType::F32,
+                    DType moments = DType::F32) {
   titan::qwen3::Qwen3Model m(args,
                              {.max_batch = batch, .max_seq = seq, .ac = ac, .compute = compute});
   const double peak = compute == DType::BF16 ? g_peak_bf16 : g_peak;
@@ -44,7 +46,7 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
     labels[t] = static_cast<int32_t>(rng() % args.vocab_size);
     positions[t] = static_cast<int32_t>(t % seq);
   }
-  titan::Buffer<float> mom(m.num_params()), var(m.num_params());
+  titan::optim::AdamWState opt(moments, m.num_params(), titan::DeviceMemory{});
   titan::optim::AdamWConfig c;
   titan::qwen3::Batch b{batch, seq, input.data(), labels.data(), positions.data()};
   int64_t step = 0;
@@ -55,8 +57,9 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
     double norm = std::sqrt(titan::optim::sum_squares(m.store().grads(), m.num_params()));
     titan::optim::clip_by_norm(m.store().grads(), m.num_params(), norm, 1.0);
     m.finish_step();  // MoE: the expert-bias update, as in training
-    titan::optim::adamw_step(m.store().param_data(), m.store().grads(), mom.data(), var.data(),
-                             m.num_params(), c, 8e-4f, ++step);
+    ++step;
+    opt.step(titan::optim::kernels("cpu"), m.store().param_data(), m.store().grads(), c, 8e-4f,
+             step, static_cast<uint64_t>(step));
     loss = s.sum / static_cast<double>(s.count);
   }
   const double fpt = m.flops_per_token(seq);
@@ -126,6 +129,36 @@ void BM_qwen3_0_6B_2layer_s2048_bf16(benchmark::State& s) {
   run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16);
 }
 
+// optimizer.state_dtype bfloat16: the same step with bf16 AdamW moments (stochastic rounding),
+// next to BM_qwen3_0_6B_2layer_s2048_bf16 (fp32 moments), whose 0.6B embedding makes the
+// optimizer a visible part of the step.
+void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state(benchmark::State& s) {
+  run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::BF16);
+}
+
+// The AdamW update alone over n parameters, fp32 or bf16 moments (arg 1: 0 fp32, 1 bf16).
+// GB/s counts the bytes moved: p and m, v read and written, g read.
+void BM_adamw(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const DType dt = state.range(1) ? DType::BF16 : DType::F32;
+  titan::Buffer<float> p(n), g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = 1e-3f * static_cast<float>(i % 101);
+  titan::optim::AdamWState opt(dt, n, titan::DeviceMemory{});
+  int64_t step = 0;
+  for (auto _ : state) {
+    ++step;
+    opt.step(titan::optim::kernels("cpu"), p.data(), g.data(), titan::optim::AdamWConfig{}, 1e-3f,
+             step, static_cast<uint64_t>(step));
+  }
+  const double bytes = static_cast<double>(n) * (12.0 + 4.0 * static_cast<double>(dtype_size(dt)));
+  state.counters["GB/s"] = benchmark::Counter(bytes * static_cast<double>(state.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+  state.counters["ns/param"] =
+      benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()) * 1e-9,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel(dt == DType::BF16 ? "bf16 moments" : "fp32 moments");
+}
+
 // The GEMM roofline itself, as a benchmark row: fp32 n×n×n oneDNN matmul.
 void BM_gemm_fp32(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -187,6 +220,15 @@ BENCHMARK(BM_debugmodel_moe_b4_s256_bf16)
 BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_bf16state)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_adamw)
+    ->Args({1 << 26, 0})
+    ->Args({1 << 26, 1})
+    ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 // Loading a Hugging Face checkpoint (TITAN_BENCH_HF_DIR, e.g. a random 0.6B bf16 model from

@@ -92,9 +92,10 @@ namespace titan::optim {
 
 // The optimizer's kernels per device (optim/kernels.h).
 std::vector<Kernels> builtin_kernels() {
-  std::vector<Kernels> k{{"cpu", &adamw_step, &sum_squares, &clip_by_norm}};
+  std::vector<Kernels> k{{"cpu", &adamw_step, &sum_squares, &clip_by_norm, &adamw_step_bf16}};
 #ifdef TITAN_HAVE_CUDA
-  k.push_back({"cuda", &cuda::adamw_step, &cuda::sum_squares, &cuda::clip_by_norm});
+  k.push_back(
+      {"cuda", &cuda::adamw_step, &cuda::sum_squares, &cuda::clip_by_norm, &cuda::adamw_step_bf16});
 #endif
   return k;
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -123,7 +124,7 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
   for (int64_t r = 0; r < 3; ++r) {
     const int64_t off = shards[static_cast<size_t>(r)][0].begin;
     written.push_back(ck.write_shard(tmp, r, 3, shards[static_cast<size_t>(r)], model, nullptr,
-                                     m.data() + off, v.data() + off));
+                                     {m.data() + off, v.data() + off}));
   }
   ck.sharded_commit(tmp, st, model, written);
   const std::string step = dump + "/checkpoint/step-1";
@@ -140,7 +141,7 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
     for (int64_t len : split) {
       std::fill_n(model.store().param_data(), n, 7.0f);
       std::vector<float> m2(static_cast<size_t>(len), 9.0f), v2(m2.size(), 9.0f);
-      const auto loaded = Checkpointer(c).load(model, m2.data(), v2.data(), {{begin, len}});
+      const auto loaded = Checkpointer(c).load(model, {m2.data(), v2.data()}, {{begin, len}});
       ASSERT_TRUE(loaded.has_value());
       EXPECT_EQ(loaded->step, 1);
       EXPECT_EQ(std::memcmp(model.store().param_data(), w.data(), w.size() * 4), 0);
@@ -156,12 +157,38 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
   std::ofstream(step + "/" + kShardedIndexName) << idx.dump();
   write_checksums(step);
   try {
-    Checkpointer(c).load(model, m.data(), v.data());
+    Checkpointer(c).load(model, {m.data(), v.data()});
     ADD_FAILURE() << "a gap in the slices loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(kShardedIndexName), std::string::npos) << e.what();
   }
+  // bf16 moments (optimizer.state_dtype bfloat16): written as BF16 shards, read back bitwise into
+  // other ranges.
+  std::vector<uint16_t> mb(m.size()), vb(m.size());
+  f32_to(DType::BF16, m.data(), n, mb.data());
+  f32_to(DType::BF16, v.data(), n, vb.data());
+  st.step = 2;
+  const std::string tmp2 = ck.sharded_begin(st.step);
+  written = json::array();
+  for (int64_t r = 0; r < 3; ++r) {
+    const int64_t off = shards[static_cast<size_t>(r)][0].begin;
+    written.push_back(ck.write_shard(tmp2, r, 3, shards[static_cast<size_t>(r)], model, nullptr,
+                                     {DType::BF16, mb.data() + off, vb.data() + off}));
+  }
+  ck.sharded_commit(tmp2, st, model, written);
+  const TensorView* t2 =
+      SafetensorsSet::open(dump + "/checkpoint/step-2/shard-00000-of-00003.safetensors")
+          .find("exp_avg." + model.params()[0].fqn);
+  ASSERT_NE(t2, nullptr);
+  EXPECT_EQ(t2->dtype, DType::BF16);
+  const int64_t half = n / 2 + 1;
+  std::vector<uint16_t> m3(static_cast<size_t>(n - half), 1), v3(m3.size(), 1);
+  ASSERT_TRUE(Checkpointer(c)
+                  .load(model, {DType::BF16, m3.data(), v3.data()}, {{half, n - half}})
+                  .has_value());
+  EXPECT_EQ(std::memcmp(m3.data(), mb.data() + half, m3.size() * 2), 0);
+  EXPECT_EQ(std::memcmp(v3.data(), vb.data() + half, v3.size() * 2), 0);
 }
 
 // Tensor-parallel shards, as the four ranks of FSDP 2 × TP 2 write them in parallel, made here in
@@ -208,8 +235,8 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
       parallel::TensorParallel::slice(*local, lv.data(), *whole, v.data());
       const Segments segs{fsdp == 0 ? FlatRange{0, cut} : FlatRange{cut, ln - cut}};
       const int64_t at = segs[0].begin;
-      written.push_back(ck.write_shard(tmp, 2 * fsdp + tp, 4, segs, *local, nullptr, lm.data() + at,
-                                       lv.data() + at, tp == 0));
+      written.push_back(ck.write_shard(tmp, 2 * fsdp + tp, 4, segs, *local, nullptr,
+                                       {lm.data() + at, lv.data() + at}, tp == 0));
     }
   ck.sharded_commit(tmp, st, *whole, written);
   const std::string step = dump + "/checkpoint/step-1";
@@ -221,7 +248,7 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
   const auto again = models::build_model(c, o);
   std::fill_n(again->store().param_data(), n, 7.0f);
   std::vector<float> m2(m.size(), 9.0f), v2(m.size(), 9.0f);
-  ASSERT_TRUE(Checkpointer(c).load(*again, m2.data(), v2.data()).has_value());
+  ASSERT_TRUE(Checkpointer(c).load(*again, {m2.data(), v2.data()}).has_value());
   EXPECT_EQ(std::memcmp(again->store().param_data(), whole->store().param_data(),
                         static_cast<size_t>(n) * 4),
             0);
@@ -238,7 +265,7 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
     std::fill_n(got->store().param_data(), ln, 7.0f);
     std::vector<float> lm(static_cast<size_t>(ln), 9.0f), lv(lm.size(), 9.0f), wm(lm.size()),
         wv(lm.size());
-    ASSERT_TRUE(Checkpointer(c).load(*got, lm.data(), lv.data()).has_value());
+    ASSERT_TRUE(Checkpointer(c).load(*got, {lm.data(), lv.data()}).has_value());
     parallel::TensorParallel::slice(*want, wm.data(), *whole, m.data());
     parallel::TensorParallel::slice(*want, wv.data(), *whole, v.data());
     EXPECT_EQ(std::memcmp(got->store().param_data(), want->store().param_data(),
@@ -257,7 +284,7 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
   std::ofstream(step + "/" + kShardedIndexName) << bad.dump();
   write_checksums(step);
   try {
-    Checkpointer(c).load(*again, m2.data(), v2.data());
+    Checkpointer(c).load(*again, {m2.data(), v2.data()});
     ADD_FAILURE() << "a missing slice loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(victim + "': its slices leave a gap"), std::string::npos)
@@ -268,7 +295,7 @@ TEST(Checkpointer, TensorParallelShardsLoadIntoAnyLayout) {
   std::ofstream(step + "/" + kShardedIndexName) << bad.dump();
   write_checksums(step);
   try {
-    Checkpointer(c).load(*again, m2.data(), v2.data());
+    Checkpointer(c).load(*again, {m2.data(), v2.data()});
     ADD_FAILURE() << "an absurd run count loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("lies outside its 2048 elements"), std::string::npos)
@@ -426,7 +453,10 @@ TEST(CheckpointResume, WrongTypesInTrainStateNameFileAndField) {
            {"step", -2, "\"step\" must be a non-negative integer"},
            {"step", 3, "\"step\" is 3 but the folder is step-2"},
            {"tokens_seen", json::array(), "\"tokens_seen\" must be a non-negative integer"},
-           {"dataloader", 5, "\"dataloader\" must be a JSON object"}}) {
+           {"dataloader", 5, "\"dataloader\" must be a JSON object"},
+           {"optimizer_state_dtype", "int4",
+            "\"optimizer_state_dtype\" is \"int4\", not a dtype this titan reads (float32, "
+            "bfloat16)"}}) {
     json j = good;
     j[key] = value;
     write_json_file(st, j);
@@ -437,6 +467,49 @@ TEST(CheckpointResume, WrongTypesInTrainStateNameFileAndField) {
   EXPECT_TRUE(has(resume_error(small(dump)), st + ": invalid JSON"));
   write_json_file(st, json::array());
   EXPECT_TRUE(has(resume_error(small(dump)), st + ": not a JSON object"));
+}
+
+// optimizer.state_dtype bfloat16: the moments are saved as BF16 tensors and the train state says
+// so; a resume continues bitwise. A float32 run resumes from them (widened exactly, so its first
+// loss is the same; a warning says the resume is not bitwise), and a bfloat16 run from a float32
+// checkpoint.
+TEST(CheckpointResume, Bf16MomentsAreSavedInBf16AndResumeBitwise) {
+  const std::string dump = temp_dir("bf16_state");
+  config::JobConfig c = small(dump);
+  c.optimizer.state_dtype = "bfloat16";
+  const std::vector<double> losses = run_steps(c, 4);
+  const std::string step2 = dump + "/checkpoint/step-2";
+  const SafetensorsSet opt = SafetensorsSet::open(step2 + "/optimizer.safetensors");
+  for (const char* name : {"exp_avg.tok_embeddings.weight", "exp_avg_sq.norm.weight"}) {
+    const TensorView* t = opt.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->dtype, DType::BF16) << name;
+  }
+  EXPECT_EQ(read_json_file(step2 + "/train_state.json")["optimizer_state_dtype"], "bfloat16");
+  c.checkpoint.load_step = 2;
+  {
+    train::Trainer resumed(c, docs());
+    EXPECT_EQ(resumed.step().loss, losses[2]);
+    EXPECT_EQ(resumed.step().loss, losses[3]);
+  }
+  config::JobConfig f = c;
+  f.optimizer.state_dtype = "float32";
+  EXPECT_TRUE(has(resume_log(f),
+                  "the checkpoint's AdamW moments are bfloat16; this run keeps "
+                  "them in float32 (optimizer.state_dtype): converted"));
+  {
+    train::Trainer widened(f, docs());
+    EXPECT_EQ(widened.step().loss, losses[2]);
+    EXPECT_NEAR(widened.step().loss, losses[3], 1e-2 * std::abs(losses[3]));
+  }
+  const std::string dump32 = temp_dir("f32_state");
+  const std::vector<double> l32 = run_steps(small(dump32), 2);
+  config::JobConfig b = small(dump32);
+  b.optimizer.implementation = "fused_opt_states_bf16";
+  b.checkpoint.load_step = 2;
+  train::Trainer narrowed(b, docs());
+  EXPECT_EQ(narrowed.current_step(), 2);
+  EXPECT_TRUE(std::isfinite(narrowed.step().loss));
 }
 
 TEST(CheckpointResume, ChecksumCatchesABitFlipAndNamesAnOlderStep) {

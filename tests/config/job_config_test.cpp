@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "test_util.h"
 #include "titan/config/builtin_configs.h"
@@ -240,6 +241,36 @@ TEST(JobConfig, PrecisionFields) {
   EXPECT_NE(m.find("training.mixed_precision_reduce 'bfloat16' is not supported"),
             std::string::npos)
       << m;
+}
+
+// The optimizer state's dtype: torchtitan's implementation names (fused_opt_states_bf16 keeps the
+// moments in bfloat16) and optimizer.state_dtype; other values, int8 (not implemented) and a
+// contradiction are refused naming the field.
+TEST(JobConfig, OptimizerStateDtype) {
+  JobConfig c;
+  EXPECT_EQ(c.optimizer.implementation, "fused");
+  EXPECT_EQ(c.optimizer.moments_dtype(), "float32");
+  c.optimizer.implementation = "fused_opt_states_bf16";
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(c.optimizer.moments_dtype(), "bfloat16");
+  c.optimizer.state_dtype = "bfloat16";
+  EXPECT_NO_THROW(validate(c));
+  for (const auto& [impl, dtype, want] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"fused", "float16", "optimizer.state_dtype 'float16' must be float32 or bfloat16"},
+           {"fused", "int8", "optimizer.state_dtype int8 (8-bit AdamW) is not implemented"},
+           {"apex", "",
+            "optimizer.implementation 'apex' must be for-loop, foreach, fused or "
+            "fused_opt_states_bf16"},
+           {"fused_opt_states_bf16", "float32",
+            "optimizer.implementation fused_opt_states_bf16 keeps the moments in bfloat16, but "
+            "optimizer.state_dtype is float32"}}) {
+    c = JobConfig{};
+    c.optimizer.implementation = impl;
+    c.optimizer.state_dtype = dtype;
+    const std::string m = titan::testing::error_of([&] { validate(c); });
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+  }
 }
 
 // global_batch_size 0 said "must be -1 or a multiple of local_batch_size" (0 is a multiple).

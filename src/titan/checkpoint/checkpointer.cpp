@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "titan/checkpoint/checksums.h"
 #include "titan/checkpoint/hf_export.h"
@@ -25,6 +26,26 @@ namespace titan::ckpt {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace detail;
+
+namespace {
+std::string moment_name(bool first, const std::string& fqn) {
+  return (first ? "exp_avg." : "exp_avg_sq.") + fqn;
+}
+
+// Reads `count` elements of a moment through `read` (into fp32) and stores them at element `at`
+// of m (first) or v in the moments' dtype (bf16: rounded to nearest, exact for values saved in
+// bf16).
+template <typename Read>
+void read_moment(const Moments& mo, bool first, int64_t at, int64_t count, const Read& read) {
+  if (mo.dtype == DType::F32) {
+    read(static_cast<float*>(mo.at(first, at)));
+    return;
+  }
+  std::vector<float> tmp(static_cast<size_t>(count));
+  read(tmp.data());
+  f32_to(mo.dtype, tmp.data(), count, mo.at(first, at));
+}
+}  // namespace
 
 void check_dump_folder(const config::JobConfig& cfg) {
   check(!cfg.dump_folder.empty(),
@@ -73,9 +94,8 @@ void Checkpointer::clean_stale() {
               " (a run was killed while replacing it)");
 }
 
-std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_avg,
-                                             float* exp_avg_sq, const Segments& opt,
-                                             const UnitDone& unit_done) {
+std::optional<TrainState> Checkpointer::load(models::Model& model, const Moments& moments,
+                                             const Segments& opt, const UnitDone& unit_done) {
   const auto& k = cfg_.checkpoint;
   const int64_t steps = cfg_.training.steps;
   const Segments* slices = unit_done ? &opt : nullptr;
@@ -128,7 +148,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
       pick = &*full;
     }
     try {
-      return load_full(model, exp_avg, exp_avg_sq, opt, unit_done, pick->path.string(), pick->step);
+      return load_full(model, moments, opt, unit_done, pick->path.string(), pick->step);
     } catch (const Error& e) {
       if (k.load_step >= 0) throw;
       throw Error(std::string(e.what()) + older_hint(dirs, pick->step));
@@ -146,7 +166,7 @@ std::optional<TrainState> Checkpointer::load(models::Model& model, float* exp_av
   return std::nullopt;
 }
 
-TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* exp_avg_sq,
+TrainState Checkpointer::load_full(models::Model& model, const Moments& moments,
                                    const Segments& segs, const UnitDone& unit_done,
                                    const std::string& dir, int64_t step) {
   const int64_t n = model.num_params();
@@ -158,10 +178,11 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
     TrainState st = read_train_state(dir, step);
     sharded.read_weights(model, unit_done);
     // The moments' slices that overlap this rank's range.
-    for (const Slice& sl : slices_in(model, opt)) {
-      sharded.read_held("exp_avg." + sl.p->fqn, *sl.p, sl.begin, sl.end, exp_avg + sl.at);
-      sharded.read_held("exp_avg_sq." + sl.p->fqn, *sl.p, sl.begin, sl.end, exp_avg_sq + sl.at);
-    }
+    for (const Slice& sl : slices_in(model, opt))
+      for (const bool first : {true, false})
+        read_moment(moments, first, sl.at, sl.end - sl.begin, [&](float* dst) {
+          sharded.read_held(moment_name(first, sl.p->fqn), *sl.p, sl.begin, sl.end, dst);
+        });
     log::info("Resuming from sharded checkpoint " + dir + " at step " + std::to_string(st.step));
     return st;
   }
@@ -177,30 +198,44 @@ TrainState Checkpointer::load_full(models::Model& model, float* exp_avg, float* 
     // the weights copied unit by unit and only this rank's slices of the moments.
     read_weights_held(model, weights, dir, sums, unit_done, {&weights, &opt_set});
     for (const Slice& sl : slices_in(model, opt))
-      for (const auto& [name, dst] : {std::pair{"exp_avg." + sl.p->fqn, exp_avg},
-                                      std::pair{"exp_avg_sq." + sl.p->fqn, exp_avg_sq}}) {
+      for (const bool first : {true, false}) {
+        const std::string name = moment_name(first, sl.p->fqn);
         const TensorView* t = opt_set.find(name);
-        check(t != nullptr && t->dtype == DType::F32 && t->shape == sl.p->shape,
-              opt_set.path() + ": tensor '" + name + "' must be F32 of the parameter's shape");
-        read_held(opt_set, name, *sl.p, sl.begin, sl.end, dst + sl.at);
+        check(t != nullptr && (t->dtype == DType::F32 || t->dtype == DType::BF16) &&
+                  t->shape == sl.p->shape,
+              opt_set.path() + ": tensor '" + name +
+                  "' must be F32 or BF16 of the parameter's shape");
+        read_moment(moments, first, sl.at, sl.end - sl.begin,
+                    [&](float* dst) { read_held(opt_set, name, *sl.p, sl.begin, sl.end, dst); });
       }
     log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
     return st;
   }
   read_weights(model, weights, dir, false, sums, nullptr);
-  std::vector<Want> moments;
-  for (const auto& p : model.params()) {
-    if (p.alias) continue;
-    moments.push_back({"exp_avg." + p.fqn, p.shape, exp_avg + p.offset});
-    moments.push_back({"exp_avg_sq." + p.fqn, p.shape, exp_avg_sq + p.offset});
+  if (moments.dtype == DType::F32) {
+    std::vector<Want> wants;
+    for (const auto& p : model.params()) {
+      if (p.alias) continue;
+      for (const bool first : {true, false})
+        wants.push_back(
+            {moment_name(first, p.fqn), p.shape, static_cast<float*>(moments.at(first, p.offset))});
+    }
+    read_native(opt_set, wants, sums);
+  } else {  // tensor by tensor through fp32 (the files were verified above)
+    for (const auto& p : model.params()) {
+      if (p.alias) continue;
+      for (const bool first : {true, false})
+        read_moment(moments, first, p.offset, p.numel, [&](float* dst) {
+          opt_set.read_f32_range(moment_name(first, p.fqn), p.shape, 0, p.numel, dst);
+        });
+    }
   }
-  read_native(opt_set, moments, sums);
   log::info("Resuming from checkpoint " + dir + " at step " + std::to_string(st.step));
   return st;
 }
 
 void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Model& model,
-                              const float* exp_avg, const float* exp_avg_sq) {
+                              const Moments& moments) {
   const auto& k = cfg_.checkpoint;
   if (!due(st.step, last)) return;
   const fs::path dst = fs::path(folder_) / step_name(st.step);
@@ -257,8 +292,9 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
     std::vector<WriteTensor> opt;
     for (const auto& p : model.params()) {
       if (p.alias) continue;
-      opt.push_back({"exp_avg." + p.fqn, DType::F32, p.shape, exp_avg + p.offset});
-      opt.push_back({"exp_avg_sq." + p.fqn, DType::F32, p.shape, exp_avg_sq + p.offset});
+      for (const bool first : {true, false})
+        opt.push_back(
+            {moment_name(first, p.fqn), moments.dtype, p.shape, moments.at(first, p.offset)});
     }
     write_file((tmp / "optimizer.safetensors").string(), opt);
     test::kill_point("save:optimizer");
@@ -286,7 +322,7 @@ std::string Checkpointer::sharded_begin(int64_t step) {
 
 json Checkpointer::write_shard(const std::string& tmp, int64_t writer, int64_t writers,
                                const Segments& segs, const models::Model& model,
-                               const float* params, const float* exp_avg, const float* exp_avg_sq,
+                               const float* params, const Moments& moments,
                                bool with_replicated) const {
   const std::string name = shard_file_name(writer, writers);
   const std::string path = (fs::path(tmp) / name).string();
@@ -297,8 +333,9 @@ json Checkpointer::write_shard(const std::string& tmp, int64_t writer, int64_t w
     const std::vector<int64_t> shape{sl.end - sl.begin};
     const float* w = params ? params + sl.at : model.store().param_data() + sl.p->offset + sl.begin;
     tensors.push_back({sl.p->fqn, DType::F32, shape, w});
-    tensors.push_back({"exp_avg." + sl.p->fqn, DType::F32, shape, exp_avg + sl.at});
-    tensors.push_back({"exp_avg_sq." + sl.p->fqn, DType::F32, shape, exp_avg_sq + sl.at});
+    for (const bool first : {true, false})
+      tensors.push_back(
+          {moment_name(first, sl.p->fqn), moments.dtype, shape, moments.at(first, sl.at)});
     json entries = json::array();
     run_groups(*sl.p, sl.begin, sl.end,
                [&](const RunGroup& g) { entries.push_back(g.to_json(name)); });

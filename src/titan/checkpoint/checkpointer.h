@@ -6,16 +6,17 @@
 //          checkpoint.export_dtype, as a Hugging Face directory when last_save_in_hf) when
 //          last_save_model_only. Older step-N directories beyond keep_latest_k are removed.
 // Native layout of step-N/: model.safetensors (titan FQNs, fp32), optimizer.safetensors
-// (exp_avg.FQN, exp_avg_sq.FQN), train_state.json (step, tokens seen, dataloader position, the
-// data settings it was trained with), checksums.json (size and XXH3-64 of every other file,
-// checked before loading; checksums.h).
+// (exp_avg.FQN, exp_avg_sq.FQN, F32 or BF16 as optimizer.state_dtype), train_state.json (step,
+// tokens seen, dataloader position, the data settings it was trained with), checksums.json (size
+// and XXH3-64 of every other file, checked before loading; checksums.h).
 //
 // Sharded layout of step-N/ (FSDP/HSDP, tensor and expert parallelism: the ranks of one replica
 // write in parallel, each what it holds: its range of the flat parameter buffer, models/model.h,
 // of its slices of the tensors; a parameter replicated over a tp group is written by tp rank 0):
 //   shard-0000r-of-0000S.safetensors  rank r's elements of every parameter and AdamW moment it
-//       writes, each a 1-D F32 tensor under the unsharded name (FQN, exp_avg.FQN,
-//       exp_avg_sq.FQN); shard 0 also holds the persistent buffers whole;
+//       writes, each a 1-D tensor under the unsharded name (FQN, exp_avg.FQN, exp_avg_sq.FQN;
+//       F32, the moments BF16 under optimizer.state_dtype bfloat16); shard 0 also holds the
+//       persistent buffers whole;
 //   checkpoint.index.json  {"format": "titan-sharded-checkpoint", "version": 1 or 2, "shards": S,
 //       "tensors": {name: {"shape": [global shape], "slices": [entry, ...]}}}, an entry telling
 //       which elements of the flattened tensor a file holds: [file, begin, end] the range
@@ -69,6 +70,8 @@ struct TrainState {
   nlohmann::json dataloader;  // the loader's position (null: none recorded)
   nlohmann::json data;        // the data settings of the run that saved it (null: not recorded)
   std::string path;           // the train_state.json it was read from, for messages
+  // The dtype the AdamW moments were saved in (optimizer.state_dtype; empty: float32).
+  std::string optimizer_state_dtype;
   // Resumed from a model-only export at training.steps: the run already finished; nothing else
   // was loaded.
   bool finished = false;
@@ -78,6 +81,22 @@ struct TrainState {
 // are their concatenation.
 using FlatRange = models::FlatRange;
 using Segments = std::vector<FlatRange>;
+// The AdamW moments (exp_avg m, exp_avg_sq v) a call reads or writes, host arrays over the flat
+// range it covers, in float32 or bfloat16 (optimizer.state_dtype): saved in their dtype, loaded
+// from either (a conversion logs a warning). Null pointers: no moments (a model-only save).
+struct Moments {
+  DType dtype = DType::F32;
+  void* m = nullptr;
+  void* v = nullptr;
+  Moments() = default;
+  Moments(float* m32, float* v32) : m(m32), v(v32) {}
+  Moments(DType dt, void* m_, void* v_) : dtype(dt), m(m_), v(v_) {}
+  // Element i of m (first) or v.
+  void* at(bool first, int64_t i) const {
+    return static_cast<char*>(first ? m : v) + i * static_cast<int64_t>(dtype_size(dtype));
+  }
+};
+
 // Called after each parameter unit's weights are loaded (models::ParamUnit index): a sharded
 // trainer takes its block and gives the rest back before the next unit is read.
 using UnitDone = std::function<void(int64_t unit)>;
@@ -98,7 +117,7 @@ class Checkpointer {
   // rank's slices, from the memory-mapped files); native initial weights are read whole.
   // A model that holds slices of its parameters (tensor/expert parallelism: ParamInfo::
   // split_dim) reads just those slices, of checkpoints of any layout and of initial weights.
-  std::optional<TrainState> load(models::Model& model, float* exp_avg, float* exp_avg_sq,
+  std::optional<TrainState> load(models::Model& model, const Moments& moments,
                                  const Segments& opt = {}, const UnitDone& unit_done = {});
 
   // Whether a save is due after `step` (enabled, and interval or last).
@@ -107,8 +126,8 @@ class Checkpointer {
   }
   // Saves if due; on failure (a full disk) nothing of the new step remains and titan::Error names
   // the file.
-  void maybe_save(const TrainState& st, bool last, const models::Model& model, const float* exp_avg,
-                  const float* exp_avg_sq);
+  void maybe_save(const TrainState& st, bool last, const models::Model& model,
+                  const Moments& moments);
 
   // A sharded save (the layout above), in the three parts the trainer calls around its
   // collectives. Rank 0: the fresh temporary folder of step-N.
@@ -122,8 +141,7 @@ class Checkpointer {
   // Returns {"sums": its checksums.json entry, "slices": {tensor: its index entries}}.
   nlohmann::json write_shard(const std::string& tmp, int64_t writer, int64_t writers,
                              const Segments& segs, const models::Model& model, const float* params,
-                             const float* exp_avg, const float* exp_avg_sq,
-                             bool with_replicated = true) const;
+                             const Moments& moments, bool with_replicated = true) const;
   // Rank 0, once every writer has finished (`written`: their returns, in writer order): the
   // index, train state and checksums, then the rename to step-N and the purge of older steps.
   // On failure tmp is removed and titan::Error names the file.
@@ -144,7 +162,7 @@ class Checkpointer {
  private:
   void purge();
   void clean_stale();
-  TrainState load_full(models::Model& model, float* exp_avg, float* exp_avg_sq, const Segments& opt,
+  TrainState load_full(models::Model& model, const Moments& moments, const Segments& opt,
                        const UnitDone& unit_done, const std::string& dir, int64_t step);
   config::JobConfig cfg_;
   std::string folder_;

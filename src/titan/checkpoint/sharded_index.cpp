@@ -138,13 +138,13 @@ void ShardedDir::copy_range(const Entry& e, const std::string& name, int64_t lo,
   for (; r != e.runs.end() && r->begin < hi; ++r) {
     const int64_t a = std::max(lo, r->begin), z = std::min(hi, r->end);
     const TensorView* t = r->file->find(name);
-    check(t != nullptr && t->dtype == DType::F32 && t->shape.size() == 1 &&
-              t->shape[0] >= r->at + (r->end - r->begin),
-          r->file->path() + ": tensor '" + name + "' must be F32 of at least " +
+    check(t != nullptr && (t->dtype == DType::F32 || t->dtype == DType::BF16) &&
+              t->shape.size() == 1 && t->shape[0] >= r->at + (r->end - r->begin),
+          r->file->path() + ": tensor '" + name + "' must be F32 (or BF16) of at least " +
               std::to_string(r->at + r->end - r->begin) + " elements as " + kShardedIndexName +
               " says");
-    std::memcpy(dst + (a - lo), t->data + (r->at + a - r->begin) * 4,
-                static_cast<size_t>(z - a) * sizeof(float));
+    to_f32(t->dtype, t->data + (r->at + a - r->begin) * dtype_size(t->dtype), z - a,
+           dst + (a - lo));
   }
 }
 

@@ -165,14 +165,26 @@ TrainState read_train_state(const fs::path& dir, int64_t step) {
           path + ": \"" + key + "\" must be a JSON object, got " + v.dump().substr(0, 60));
     (std::string(key) == "dataloader" ? st.dataloader : st.data) = v;
   }
+  if (j.contains("optimizer_state_dtype")) {
+    const json& d = j["optimizer_state_dtype"];
+    check(d.is_string() && (d == "float32" || d == "bfloat16"),
+          path + ": \"optimizer_state_dtype\" is " + d.dump().substr(0, 60) +
+              ", not a dtype this titan reads (float32, bfloat16); resume it with the titan that "
+              "wrote it, or start from its weights alone (--checkpoint.initial_load_path with "
+              "--checkpoint.initial_load_model_only)");
+    st.optimizer_state_dtype = d.get<std::string>();
+  }
   return st;
 }
 
 void write_train_state(const fs::path& dir, const TrainState& st) {
-  write_json(dir / "train_state.json", {{"step", st.step},
-                                        {"tokens_seen", st.tokens_seen},
-                                        {"dataloader", st.dataloader},
-                                        {"data", st.data}});
+  json j = {{"step", st.step},
+            {"tokens_seen", st.tokens_seen},
+            {"dataloader", st.dataloader},
+            {"data", st.data}};
+  if (!st.optimizer_state_dtype.empty() && st.optimizer_state_dtype != "float32")
+    j["optimizer_state_dtype"] = st.optimizer_state_dtype;
+  write_json(dir / "train_state.json", j);
 }
 
 }  // namespace titan::ckpt::detail

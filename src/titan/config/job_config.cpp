@@ -64,6 +64,11 @@ void OptimizerConfig::visit(const FieldVisitor& f) {
   f("beta2", &beta2, "AdamW beta2");
   f("eps", &eps, "AdamW epsilon");
   f("weight_decay", &weight_decay, "decoupled weight decay");
+  f("implementation", &implementation,
+    "for-loop, foreach, fused, or fused_opt_states_bf16 (the moments in bfloat16)");
+  f("state_dtype", &state_dtype,
+    "the AdamW moments' dtype: float32 or bfloat16 (stochastic rounding); empty: float32, "
+    "bfloat16 with fused_opt_states_bf16");
 }
 
 void LRSchedulerConfig::visit(const FieldVisitor& f) {
@@ -564,6 +569,19 @@ void validate(const JobConfig& c) {
   check(o.weight_decay >= 0,
         "optimizer.weight_decay must not be negative (Invalid weight_decay value: " +
             shortest(o.weight_decay) + ")");
+  const std::string& im = o.implementation;
+  check(im == "fused" || im == "foreach" || im == "for-loop" || im == "fused_opt_states_bf16",
+        "optimizer.implementation '" + im +
+            "' must be for-loop, foreach, fused or fused_opt_states_bf16");
+  check(o.state_dtype.empty() || o.state_dtype == "float32" || o.state_dtype == "bfloat16",
+        o.state_dtype == "int8"
+            ? std::string("optimizer.state_dtype int8 (8-bit AdamW) is not implemented; use "
+                          "bfloat16 or float32")
+            : "optimizer.state_dtype '" + o.state_dtype + "' must be float32 or bfloat16");
+  check(im != "fused_opt_states_bf16" || o.moments_dtype() == "bfloat16",
+        "optimizer.implementation fused_opt_states_bf16 keeps the moments in bfloat16, but "
+        "optimizer.state_dtype is " +
+            o.state_dtype + "; drop one of the two");
   check(c.lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
   check(c.lr_scheduler.min_lr_factor >= 0 && c.lr_scheduler.min_lr_factor <= 1,
         "lr_scheduler.min_lr_factor must be in [0, 1] (the floor of the decay as a fraction of "

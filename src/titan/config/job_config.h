@@ -57,6 +57,18 @@ struct TrainingConfig {
 struct OptimizerConfig {
   std::string name = "AdamW";
   double lr = 8e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  // torchtitan's: for-loop, foreach or fused compute alike here (one fused pass);
+  // fused_opt_states_bf16 keeps the moments in bfloat16 (as state_dtype bfloat16).
+  std::string implementation = "fused";
+  // The dtype of the AdamW moments: float32, or bfloat16 (stochastically rounded on each
+  // update). Empty: float32, or bfloat16 under implementation fused_opt_states_bf16.
+  std::string state_dtype;
+  // The resolved state dtype ("float32" or "bfloat16").
+  std::string moments_dtype() const {
+    return !state_dtype.empty()                        ? state_dtype
+           : implementation == "fused_opt_states_bf16" ? "bfloat16"
+                                                       : "float32";
+  }
   void visit(const FieldVisitor& f);
 };
 

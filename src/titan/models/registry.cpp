@@ -98,9 +98,11 @@ std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOpti
   auto tree = overridden_module_tree(cfg, opt.seq_len, opt.log_overrides);
   const bool lora = cfg.lora.rank > 0 || !cfg.lora.adapter_path.empty();
   BuildOptions bo = opt;
-  if (lora) {  // the base of the adapters is frozen: no gradients (4 B) nor AdamW moments (8 B)
+  if (lora) {  // the base of the adapters is frozen: its weights (and their bf16 copy) alone, no
+               // gradients nor AdamW moments
     bo.trainable = false;
-    if (bo.bytes_per_param >= 16) bo.bytes_per_param -= 12;
+    if (bo.bytes_per_param >= 12)
+      bo.bytes_per_param = 4 + (cfg.training.mixed_precision_param == "bfloat16" ? 2 : 0);
   }
   std::unique_ptr<Model> m = spec.build(cfg, *tree, bo);
   if (opt.init && opt.allocate) m->init_weights(opt.seed);

@@ -25,8 +25,8 @@ struct BuildOptions {
   bool log_overrides = true;
   AcPolicy ac;  // activation checkpointing
   // Bytes per parameter the caller will hold: the model's fp32 weights and gradients (8), plus
-  // the two AdamW moments when training (16). Checked against the machine's memory before
-  // anything is allocated (0: not checked).
+  // the two AdamW moments when training (16; 12 with bf16 moments). Checked against the machine's
+  // memory before anything is allocated (0: not checked).
   int64_t bytes_per_param = 8;
   // false: the model's own parameters are frozen (no gradient buffer, no weight gradients): the
   // base of LoRA adapters. build_model wraps the model in adapters when cfg.lora.rank > 0.

@@ -4,18 +4,26 @@
 #include <cmath>
 
 #include "titan/ops/simd.h"
+#include "titan/optim/adamw_math.h"
 
 namespace titan::optim {
 namespace {
 constexpr int64_t kBlock = 1 << 14;
 
-TITAN_CLONES void adamw_block(float* p, const float* g, float* m, float* v, int64_t n, float decay,
-                              float b1, float b2, float step_size, float bc2_sqrt, float eps) {
+TITAN_CLONES void adamw_block(float* p, const float* g, float* m, float* v, int64_t n,
+                              const AdamWConsts c) {
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], c);
+}
+
+// i0: the index of element 0 in the whole buffer (the random bits' counter).
+TITAN_CLONES void adamw_block_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                                   int64_t i0, const AdamWConsts c, uint64_t key) {
   for (int64_t i = 0; i < n; ++i) {
-    p[i] *= decay;
-    m[i] += (1.0f - b1) * (g[i] - m[i]);
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+    float mi = bf16_to_float(m[i]), vi = bf16_to_float(v[i]);
+    adamw_element(p[i], g[i], mi, vi, c);
+    const uint32_t r = sr_bits(key, static_cast<uint64_t>(i0 + i));
+    m[i] = bf16_stochastic(mi, r);
+    v[i] = bf16_stochastic(vi, r >> 16);
   }
 }
 
@@ -31,18 +39,30 @@ TITAN_CLONES double sq_block(const float* x, int64_t n) {
 }
 }  // namespace
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConfig& c,
-                float lr, int64_t step) {
+AdamWConsts adamw_consts(const AdamWConfig& c, float lr, int64_t step) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.0f - lr * c.weight_decay;
+  return {1.0f - lr * c.weight_decay,         c.beta1, c.beta2, static_cast<float>(lr / bc1),
+          static_cast<float>(std::sqrt(bc2)), c.eps};
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConfig& c,
+                float lr, int64_t step) {
+  const AdamWConsts k = adamw_consts(c, lr, step);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
     const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
-    adamw_block(p + i0, g + i0, m + i0, v + i0, len, decay, c.beta1, c.beta2, step_size, bc2_sqrt,
-                c.eps);
+    adamw_block(p + i0, g + i0, m + i0, v + i0, len, k);
+  }
+}
+
+void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                     const AdamWConfig& c, float lr, int64_t step, uint64_t key) {
+  const AdamWConsts k = adamw_consts(c, lr, step);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+    const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
+    adamw_block_bf16(p + i0, g + i0, m + i0, v + i0, len, i0, k, key);
   }
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "titan/optim/adamw_math.h"
+
 namespace titan::optim {
 
 struct AdamWConfig {
@@ -14,6 +16,15 @@ struct AdamWConfig {
 // One update of n parameters; `step` is the 1-based step count after this update.
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConfig& c,
                 float lr, int64_t step);
+
+// The same update with the moments stored in bf16 (their bit patterns): each element's m and v
+// are widened to fp32, updated as above and stored back with stochastic rounding
+// (optim/adamw_math.h), the random bits of element i drawn from (key, i). p and g stay fp32.
+void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                     const AdamWConfig& c, float lr, int64_t step, uint64_t key);
+
+// The step's constants (bias corrections, decay) for the per-element update.
+AdamWConsts adamw_consts(const AdamWConfig& c, float lr, int64_t step);
 
 // Σ x² in double over fixed blocks (the result does not depend on the thread count).
 double sum_squares(const float* x, int64_t n);

@@ -15,6 +15,8 @@ struct Kernels {
   decltype(&optim::adamw_step) adamw_step = nullptr;
   decltype(&optim::sum_squares) sum_squares = nullptr;
   decltype(&optim::clip_by_norm) clip_by_norm = nullptr;
+  // Optional: the update with bf16 moments (optimizer.state_dtype bfloat16); null refuses it.
+  decltype(&optim::adamw_step_bf16) adamw_step_bf16 = nullptr;
 };
 
 // Adds the kernels of k.device. Throws titan::Error for a missing entry or a device registered

@@ -144,6 +144,9 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       std::string("; ") + (sliced ? "TP slice" : "") + (sliced && dp_shard > 1 ? ", " : "") +
       (dp_shard > 1 ? "1/" + std::to_string(dp_shard) + " shard" : std::string()) + ")";
   const bool split = sliced || dp_shard > 1;
+  // optimizer.state_dtype: two fp32 moments per parameter (8 bytes), or two bf16 ones (4).
+  const bool bf16_state = cfg.optimizer.moments_dtype() == "bfloat16";
+  const std::string state = bf16_state ? "bf16" : "fp32";
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
@@ -153,9 +156,9 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
        models::frozen_bytes(m)},
       {split ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
       {split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
-      {split ? "optimizer state (AdamW; fp32" + shard
-             : std::string("optimizer state (AdamW exp_avg, exp_avg_sq; fp32)"),
-       2 * ps},
+      {split ? "optimizer state (AdamW; " + state + shard
+             : "optimizer state (AdamW exp_avg, exp_avg_sq; " + state + ")",
+       bf16_state ? ps : 2 * ps},
   };
   if (bf16 && dp_shard == 1)  // FSDP: per unit, in the gathered units' line
     plan.lines.push_back({"bf16 compute copy of the weights",

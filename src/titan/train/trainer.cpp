@@ -12,6 +12,7 @@
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
 #include "titan/core/log.h"
+#include "titan/core/rng.h"
 #include "titan/core/test_hooks.h"
 #include "titan/data/chat_dataset.h"
 #include "titan/data/dataset.h"
@@ -29,6 +30,9 @@
 namespace titan::train {
 
 namespace {
+
+// The random stream of the optimizer's stochastic rounding (plus the world rank).
+constexpr uint64_t kRoundingStream = 0x5352000000000000ull;
 
 // Whether two dataloader.tokenizer values name the same tokenizer (equal, or the same directory
 // written differently).
@@ -197,7 +201,8 @@ models::BuildOptions Trainer::build_options() const {
   bo.ac = models::AcPolicy::from_config(cfg_.activation_checkpoint.mode,
                                         cfg_.activation_checkpoint.selective_ac_option);
   // weights, gradients and the two AdamW moments (and the bf16 compute copy)
-  bo.bytes_per_param = 16 + (t.mixed_precision_param == "bfloat16" ? 2 : 0);
+  bo.bytes_per_param = (cfg_.optimizer.moments_dtype() == "bfloat16" ? 12 : 16) +
+                       (t.mixed_precision_param == "bfloat16" ? 2 : 0);
   bo.allocate = false;
   bo.log_overrides = false;
   bo.device = cfg_.training.device;
@@ -298,8 +303,8 @@ void Trainer::build_optimizer_state(const ops::Backend& backend) {
         cfg_.parallelism.fsdp_reshard_after_forward, t.mixed_precision_param == "bfloat16",
         dims_.ep > 1 ? (efsdp_group_ ? efsdp_group_.get() : mesh_.efsdp.get()) : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
-  m_.resize(shard_len, backend.memory());
-  v_.resize(shard_len, backend.memory());
+  state_ = optim::AdamWState(optim::state_dtype(cfg_.optimizer.moments_dtype()), shard_len,
+                             backend.memory());
 }
 
 // The checkpointer, and the weights: a resumed checkpoint, initial weights, or the seeded init.
@@ -320,10 +325,20 @@ std::optional<ckpt::TrainState> Trainer::load_weights(uint64_t seed) {
   // from a checkpoint or initial weights.
   {
     HostMoments hm(*this);  // off the CPU: read on the host, then sent
-    loaded = checkpointer_->load(*model_, hm.m, hm.v,
+    loaded = checkpointer_->load(*model_, hm.moments(),
                                  fsdp_ ? fsdp_->own_segments() : ckpt::Segments{}, take_unit);
     if (loaded) hm.send();
   }
+  const std::string state_dtype = cfg_.optimizer.moments_dtype();
+  if (loaded && !loaded->finished &&
+      (loaded->optimizer_state_dtype.empty() ? "float32" : loaded->optimizer_state_dtype) !=
+          state_dtype &&
+      rank0())
+    log::warn("the checkpoint's AdamW moments are " +
+              (loaded->optimizer_state_dtype.empty() ? std::string("float32")
+                                                     : loaded->optimizer_state_dtype) +
+              "; this run keeps them in " + state_dtype +
+              " (optimizer.state_dtype): converted, so the resume is not bitwise");
   if (!loaded && !initial)
     log::info("Weights: random init with seed " + std::to_string(seed) +
               " (nothing to resume or load; a published model: --model.hf_assets_path DIR "
@@ -407,33 +422,33 @@ void Trainer::log_layout() const {
 }
 
 Trainer::HostMoments::HostMoments(Trainer& tr, bool fetch)
-    : t(tr), m(tr.m_.data()), v(tr.v_.data()), master(tr.fsdp_ ? tr.fsdp_->master() : nullptr) {
-  const DeviceMemory& mem = t.m_.memory();
+    : t(tr), m(tr.state_.m()), v(tr.state_.v()), master(tr.fsdp_ ? tr.fsdp_->master() : nullptr) {
+  const DeviceMemory& mem = t.state_.memory();
   if (mem.host()) return;
-  const int64_t n = t.m_.size();
-  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
-  hm.resize(n);
-  hv.resize(n);
+  const int64_t n = t.state_.size();
+  const size_t bytes = dtype_size(t.state_.dtype()) * static_cast<size_t>(n);
+  hm.resize(static_cast<int64_t>(bytes));
+  hv.resize(static_cast<int64_t>(bytes));
   m = hm.data();
   v = hv.data();
   if (fetch) {
-    mem.copy(m, t.m_.data(), bytes);
-    mem.copy(v, t.v_.data(), bytes);
+    mem.copy(m, t.state_.m(), bytes);
+    mem.copy(v, t.state_.v(), bytes);
   }
   if (!master || !fetch) {
     master = nullptr;
     return;
   }
   hp.resize(n);
-  mem.copy(hp.data(), master, bytes);
+  mem.copy(hp.data(), master, sizeof(float) * static_cast<size_t>(n));
   master = hp.data();
 }
 
 void Trainer::HostMoments::send() {
-  const DeviceMemory& mem = t.m_.memory();
+  const DeviceMemory& mem = t.state_.memory();
   if (mem.host()) return;
-  mem.copy(t.m_.data(), m, sizeof(float) * static_cast<size_t>(hm.size()));
-  mem.copy(t.v_.data(), v, sizeof(float) * static_cast<size_t>(hv.size()));
+  mem.copy(t.state_.m(), m, static_cast<size_t>(hm.size()));
+  mem.copy(t.state_.v(), v, static_cast<size_t>(hv.size()));
 }
 
 models::Model& Trainer::whole_model() {
@@ -457,7 +472,7 @@ void Trainer::export_sliced(const ckpt::TrainState& st, bool last) {
                                    w.store().param_data());
   parallel::TensorParallel::copy_buffers(local, w);
   if (fsdp_) fsdp_->reshard_all();
-  if (rank0()) checkpointer_->maybe_save(st, last, w, nullptr, nullptr);
+  if (rank0()) checkpointer_->maybe_save(st, last, w, ckpt::Moments{});
   whole_.reset();
 }
 
@@ -597,8 +612,12 @@ void Trainer::reduce_and_update(StepResult& r) {
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
   float* params = fsdp_ ? fsdp_->master() : model_->store().device_param_data();
-  opt_->adamw_step(params, shard_grad, m_.data(), v_.data(), len, adamw_, static_cast<float>(r.lr),
-                   step_);
+  // The stochastic rounding's stream of this step and rank (bf16 moments).
+  const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
+  const uint64_t key =
+      random_u64(seed, kRoundingStream + static_cast<uint64_t>(dist::world().rank()),
+                 static_cast<uint64_t>(step_));
+  state_.step(*opt_, params, shard_grad, adamw_, static_cast<float>(r.lr), step_, key);
   if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
 }
 
@@ -670,6 +689,7 @@ void Trainer::maybe_checkpoint() {
   ckpt::TrainState st;
   st.step = step_;
   st.tokens_seen = tokens_seen_;
+  st.optimizer_state_dtype = cfg_.optimizer.moments_dtype();
   st.dataloader = loader_->state();
   st.data = data_settings();
   // Data parallel: every rank's data position goes into the train state.
@@ -684,7 +704,7 @@ void Trainer::maybe_checkpoint() {
   }
   if (dims_.batch() == 1 && !sliced()) {
     HostMoments hm(*this, /*fetch=*/true);
-    checkpointer_->maybe_save(st, last, *model_, hm.m, hm.v);
+    checkpointer_->maybe_save(st, last, *model_, hm.moments());
     return;
   }
   if ((dims_.sharded() || sliced()) && !model_only) {
@@ -699,7 +719,7 @@ void Trainer::maybe_checkpoint() {
       mine = checkpointer_->write_shard(
           tmp, dist::world().rank(), dims_.world / dims_.dp_replicate,
           fsdp_ ? fsdp_->own_segments() : ckpt::Segments{{0, model_->num_params()}}, *model_,
-          hm.master, hm.m, hm.v, mesh_.tp_rank == 0);
+          hm.master, hm.moments(), mesh_.tp_rank == 0);
     }
     nlohmann::json all = gather_json(dist::world(), mine);
     if (rank0()) {
@@ -730,7 +750,7 @@ void Trainer::maybe_checkpoint() {
     if (fsdp_) fsdp_->gather_all();
     if (rank0()) {
       HostMoments hm(*this, /*fetch=*/true);
-      checkpointer_->maybe_save(st, last, *model_, hm.m, hm.v);
+      checkpointer_->maybe_save(st, last, *model_, hm.moments());
     }
     if (fsdp_) fsdp_->reshard_all();
   }

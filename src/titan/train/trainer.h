@@ -21,6 +21,7 @@
 #include "titan/optim/adamw.h"
 #include "titan/optim/kernels.h"
 #include "titan/optim/lr_schedule.h"
+#include "titan/optim/state.h"
 #include "titan/parallel/expert_parallel.h"
 #include "titan/parallel/fsdp.h"
 #include "titan/parallel/tensor_parallel.h"
@@ -116,7 +117,7 @@ class Trainer {
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   // AdamW state of this rank's shard (or all), in the model's memory (a device's off the CPU),
   // and the optimizer's kernels there (optim/kernels.h).
-  Buffer<float> m_, v_;
+  optim::AdamWState state_;
   const optim::Kernels* opt_ = nullptr;
   // The AdamW moments (and FSDP's master shard) as host arrays for the checkpointer: the buffers
   // themselves on the CPU; off it, host copies (fetched from the device when `fetch`; send() puts
@@ -124,9 +125,11 @@ class Trainer {
   struct HostMoments {
     explicit HostMoments(Trainer& t, bool fetch = false);
     void send();
+    ckpt::Moments moments() const { return {t.state_.dtype(), m, v}; }
     Trainer& t;
-    Buffer<float> hm, hv, hp;
-    float *m, *v;
+    Buffer<uint8_t> hm, hv;
+    Buffer<float> hp;
+    void *m, *v;
     float* master;  // null without FSDP, or off the CPU when not fetched
   };
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step

@@ -61,7 +61,7 @@ void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, int64_t m
   char buf[160];
   std::snprintf(buf, sizeof buf, "%.4g GiB (%.4g parameters × %lld bytes)", need / kGiB,
                 static_cast<double>(n), static_cast<long long>(bytes_per_param));
-  std::string what = bytes_per_param >= 16 ? "parameters, gradients and optimizer state"
+  std::string what = bytes_per_param >= 12 ? "parameters, gradients and optimizer state"
                                            : "parameters and gradients";
   char have[64];
   std::snprintf(have, sizeof have, "%.1f GiB", static_cast<double>(memory_bytes) / kGiB);

@@ -4,6 +4,8 @@
 //   sum_squares    Σ x² in double: kBlocks fixed blocks (grid-stride), each reduced in a fixed
 //                  tree, then the blocks in order by one block: deterministic
 //   clip_by_norm   g ← g·min(1, max_norm/(norm + 1e-6))
+//   adamw_step_bf16  adamw_step with bf16 moments, stochastically rounded (adamw_math.h: the
+//                  per-element maths shared with the CPU)
 // Compiled with --fmad=false, as the elementwise ops.
 #include <cmath>
 
@@ -20,18 +22,27 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocks = 1024;
 
-__global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n, float decay,
-                        float b1, float b2, float step_size, float bc2_sqrt, float eps) {
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n, AdamWConsts c) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float pi = p[i] * decay;
-    const float gi = g[i];
-    const float mi = m[i] + (1.0f - b1) * (gi - m[i]);
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    pi -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_element(pi, g[i], mi, vi, c);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+  }
+}
+
+__global__ void adamw_bf16_k(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                             AdamWConsts c, uint64_t key) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float pi = p[i], mi = bf16_to_float(m[i]), vi = bf16_to_float(v[i]);
+    adamw_element(pi, g[i], mi, vi, c);
+    const uint32_t r = sr_bits(key, static_cast<uint64_t>(i));
+    p[i] = pi;
+    m[i] = bf16_stochastic(mi, r);
+    v[i] = bf16_stochastic(vi, r >> 16);
   }
 }
 
@@ -79,14 +90,15 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n,
                 const optim::AdamWConfig& c, float lr, int64_t step) {
   if (n <= 0) return;
   // The scalars exactly as optim::adamw_step forms them (double, then rounded to float).
-  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.0f - lr * c.weight_decay;
-  adamw_k<<<grid(n), kThreads, 0, stream()>>>(p, g, m, v, n, decay, c.beta1, c.beta2, step_size,
-                                              bc2_sqrt, c.eps);
+  adamw_k<<<grid(n), kThreads, 0, stream()>>>(p, g, m, v, n, adamw_consts(c, lr, step));
   TITAN_CUDA_LAUNCHED("adamw_step");
+}
+
+void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                     const AdamWConfig& c, float lr, int64_t step, uint64_t key) {
+  if (n <= 0) return;
+  adamw_bf16_k<<<grid(n), kThreads, 0, stream()>>>(p, g, m, v, n, adamw_consts(c, lr, step), key);
+  TITAN_CUDA_LAUNCHED("adamw_step_bf16");
 }
 
 double sum_squares(const float* x, int64_t n) {

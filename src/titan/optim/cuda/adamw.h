@@ -5,6 +5,7 @@
 //   sum_squares   Σ x² in double over fixed blocks, then the blocks in order: deterministic (the
 //                 result is copied to the host)
 //   clip_by_norm  g ← g·min(1, max_norm/(norm + 1e-6))
+//   adamw_step_bf16  adamw_step with bf16 moments, stochastically rounded (optim/adamw_math.h)
 #pragma once
 #include <cstdint>
 
@@ -16,5 +17,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
                 float lr, int64_t step);
 double sum_squares(const float* x, int64_t n);
 void clip_by_norm(float* g, int64_t n, double norm, double max_norm);
+void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                     const AdamWConfig& c, float lr, int64_t step, uint64_t key);
 
 }  // namespace titan::optim::cuda
