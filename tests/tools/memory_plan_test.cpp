@@ -1,7 +1,8 @@
 // The memory plan against the process's measured peak RSS: within 10% for the real configured
 // shapes (debugmodel 4x256 in bf16 and fp32, with and without full AC; debugmodel_moe 2x128; a
-// 2-layer model of Qwen3-0.6B's widths at 1x2048 in bf16 with full AC), and titan train refuses a
-// plan that cannot fit.
+// 2-layer model of Qwen3-0.6B's widths at 1x2048 in bf16 with full AC, with fp32 or with the lean
+// state: bf16 moments and the optimizer step in the backward), and titan train refuses a plan
+// that cannot fit.
 #include "titan/tools/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -63,6 +64,21 @@ TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
   c.training.seq_len = 2048;
   c.activation_checkpoint.mode = "full";
   c.validator.enable = false;
+  expect_plan_matches_peak(c);
+}
+
+// bf16 moments, and the gradients freed unit by unit: the tied embedding's (the largest) held
+// from the head's forward on, beside one layer's.
+TEST(MemoryPlan, Qwen3_0_6BWidthLeanStateWithinTenPercentOfPeakRss) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_0_6b");
+  c.model.n_layers = 2;
+  c.training.local_batch_size = 1;
+  c.training.seq_len = 2048;
+  c.activation_checkpoint.mode = "full";
+  c.validator.enable = false;
+  c.optimizer.state_dtype = "bfloat16";
+  c.optimizer.early_step_in_backward = true;
   expect_plan_matches_peak(c);
 }
 

@@ -69,6 +69,9 @@ void OptimizerConfig::visit(const FieldVisitor& f) {
   f("state_dtype", &state_dtype,
     "the AdamW moments' dtype: float32 or bfloat16 (stochastic rounding); empty: float32, "
     "bfloat16 with fused_opt_states_bf16");
+  f("early_step_in_backward", &early_step_in_backward,
+    "apply each unit's update in the backward as soon as its gradient is complete, then free "
+    "the gradient (no gradient accumulation; training.max_norm is not applied)");
 }
 
 void LRSchedulerConfig::visit(const FieldVisitor& f) {

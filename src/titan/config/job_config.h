@@ -69,6 +69,9 @@ struct OptimizerConfig {
            : implementation == "fused_opt_states_bf16" ? "bfloat16"
                                                        : "float32";
   }
+  // torchtitan's: each FSDP unit's update applied in the backward as soon as its gradient is
+  // complete, its gradient then freed, so no whole-model gradient buffer exists.
+  bool early_step_in_backward = false;
   void visit(const FieldVisitor& f);
 };
 

@@ -101,8 +101,10 @@ std::unique_ptr<Model> build_model(const config::JobConfig& cfg, const BuildOpti
   if (lora) {  // the base of the adapters is frozen: its weights (and their bf16 copy) alone, no
                // gradients nor AdamW moments
     bo.trainable = false;
-    if (bo.bytes_per_param >= 12)
+    if (bo.bytes_per_param > 0) {
       bo.bytes_per_param = 4 + (cfg.training.mixed_precision_param == "bfloat16" ? 2 : 0);
+      bo.bytes_hold = "frozen parameters";
+    }
   }
   std::unique_ptr<Model> m = spec.build(cfg, *tree, bo);
   if (opt.init && opt.allocate) m->init_weights(opt.seed);

@@ -24,10 +24,11 @@ struct BuildOptions {
   bool allocate = true;  // false: a plan-only model (params() and activation_table() only)
   bool log_overrides = true;
   AcPolicy ac;  // activation checkpointing
-  // Bytes per parameter the caller will hold: the model's fp32 weights and gradients (8), plus
-  // the two AdamW moments when training (16; 12 with bf16 moments). Checked against the machine's
-  // memory before anything is allocated (0: not checked).
+  // Bytes per parameter the caller will hold, and what they are, for the message: the model's
+  // fp32 weights and gradients (8), plus the AdamW moments when training (the trainer says how
+  // many). Checked against the machine's memory before anything is allocated (0: not checked).
   int64_t bytes_per_param = 8;
+  std::string bytes_hold = "parameters and gradients";
   // false: the model's own parameters are frozen (no gradient buffer, no weight gradients): the
   // base of LoRA adapters. build_model wraps the model in adapters when cfg.lora.rank > 0.
   bool trainable = true;

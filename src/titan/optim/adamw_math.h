@@ -38,10 +38,13 @@ TITAN_HD void adamw_element(float& p, float g, float& m, float& v, const AdamWCo
 #endif
 }
 
-// 32 uniform bits for element i under key (a 64 -> 32 bit mix of key + i; Stafford's Mix13
+// The golden-ratio increment of splitmix64's counter: element i's counter is key + i·φ.
+constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;
+
+// 32 uniform bits for element i under key (a 64 -> 32 bit mix of key + i·φ; Stafford's Mix13
 // finalizer).
 TITAN_HD uint32_t sr_bits(uint64_t key, uint64_t i) {
-  uint64_t x = key + i * 0x9E3779B97F4A7C15ull;
+  uint64_t x = key + i * kGoldenGamma;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return static_cast<uint32_t>((x ^ (x >> 31)) >> 32);

@@ -1,6 +1,7 @@
 #include "titan/optim/state.h"
 
 #include "titan/core/error.h"
+#include "titan/optim/adamw_math.h"
 
 namespace titan::optim {
 
@@ -13,17 +14,23 @@ AdamWState::AdamWState(DType dtype, int64_t n, const DeviceMemory& mem) : dtype_
   v_.resize(bytes, mem);
 }
 
-void AdamWState::step(const Kernels& k, float* p, const float* g, const AdamWConfig& c, float lr,
-                      int64_t step, uint64_t key) {
+void AdamWState::step_range(const Kernels& k, float* p, const float* g, int64_t begin, int64_t len,
+                            const AdamWConfig& c, float lr, int64_t step, uint64_t key) {
+  check(begin >= 0 && len >= 0 && begin + len <= n_, "AdamWState::step_range out of range");
+  p += begin;
+  g += begin;
   if (dtype_ == DType::F32) {
-    k.adamw_step(p, g, static_cast<float*>(m()), static_cast<float*>(v()), n_, c, lr, step);
+    k.adamw_step(p, g, static_cast<float*>(m()) + begin, static_cast<float*>(v()) + begin, len, c,
+                 lr, step);
     return;
   }
   check(k.adamw_step_bf16 != nullptr,
         "optimizer.state_dtype bfloat16: device " + k.device +
             " has no AdamW kernel for bfloat16 moments; use optimizer.state_dtype float32");
-  k.adamw_step_bf16(p, g, static_cast<uint16_t*>(m()), static_cast<uint16_t*>(v()), n_, c, lr, step,
-                    key);
+  // The rounding bits of element i hash key + i·φ (optim/adamw_math.h sr_bits): shifting the key
+  // by begin·φ gives the range the bits its elements have in the whole array.
+  k.adamw_step_bf16(p, g, static_cast<uint16_t*>(m()) + begin, static_cast<uint16_t*>(v()) + begin,
+                    len, c, lr, step, key + static_cast<uint64_t>(begin) * kGoldenGamma);
 }
 
 DType state_dtype(const std::string& name) {

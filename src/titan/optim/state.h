@@ -28,7 +28,14 @@ class AdamWState {
   // key: this step's random stream for the stochastic rounding (bf16 moments). Throws
   // titan::Error when the device has no kernel for the state's dtype.
   void step(const Kernels& k, float* p, const float* g, const AdamWConfig& c, float lr,
-            int64_t step, uint64_t key);
+            int64_t step, uint64_t key) {
+    step_range(k, p, g, 0, n_, c, lr, step, key);
+  }
+  // The same for the elements [begin, begin + len) alone (p and g still the whole arrays): the
+  // same bits as those elements get from step() (optimizer.early_step_in_backward updates unit
+  // by unit).
+  void step_range(const Kernels& k, float* p, const float* g, int64_t begin, int64_t len,
+                  const AdamWConfig& c, float lr, int64_t step, uint64_t key);
 
  private:
   DType dtype_ = DType::F32;

@@ -147,6 +147,16 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   // optimizer.state_dtype: two fp32 moments per parameter (8 bytes), or two bf16 ones (4).
   const bool bf16_state = cfg.optimizer.moments_dtype() == "bfloat16";
   const std::string state = bf16_state ? "bf16" : "fp32";
+  // optimizer.early_step_in_backward (no FSDP): a unit's gradient lives from its first write to
+  // its update: the largest unit's at a time, and a tied embedding's from the head's forward on.
+  int64_t in_backward = 0;
+  if (cfg.optimizer.early_step_in_backward) {
+    bool tied = false;
+    for (const auto& q : m.params()) tied = tied || q.alias;
+    for (size_t i = tied ? 1 : 0; i < units.size(); ++i)
+      in_backward = std::max(in_backward, unit_local[i]);
+    in_backward = 4 * (in_backward + (tied ? unit_local[0] : 0));
+  }
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
@@ -155,7 +165,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
             : "frozen base weights (fp32; LoRA)",
        models::frozen_bytes(m)},
       {split ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
-      {split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
+      cfg.optimizer.early_step_in_backward
+          ? MemoryPlan::Line{"gradients (fp32; one unit at a time, early_step_in_backward)",
+                             in_backward}
+          : MemoryPlan::Line{split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
       {split ? "optimizer state (AdamW; " + state + shard
              : "optimizer state (AdamW exp_avg, exp_avg_sq; " + state + ")",
        bf16_state ? ps : 2 * ps},

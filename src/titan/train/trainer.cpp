@@ -25,6 +25,7 @@
 #include "titan/parallel/expert_parallel.h"
 #include "titan/tools/memory_plan.h"
 #include "titan/train/reports.h"
+#include "titan/train/step_in_backward.h"
 #include "titan/train/weights_check.h"
 
 namespace titan::train {
@@ -156,6 +157,42 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (cfg_.lr_scheduler.decay_ratio >= 0) sched_.decay_ratio = cfg_.lr_scheduler.decay_ratio;
   sched_.decay_type = cfg_.lr_scheduler.decay_type;
   sched_.min_lr_factor = cfg_.lr_scheduler.min_lr_factor;
+  if (cfg_.optimizer.early_step_in_backward) setup_step_in_backward();
+}
+
+// optimizer.early_step_in_backward: the updates made unit by unit in the backward
+// (train/step_in_backward.h), installed as the model's parameter hooks, with torchtitan's
+// refusals (expert parallelism, gradient accumulation) and its skipped clipping said once.
+void Trainer::setup_step_in_backward() {
+  const std::string why =
+      "optimizer.early_step_in_backward updates each unit as soon as the "
+      "backward finishes its gradient";
+  check(dims_.ep <= 1,
+        "Optimizers in backward is not supported with Expert Parallel (parallelism."
+        "expert_parallel_degree " +
+            std::to_string(dims_.ep) + "); turn optimizer.early_step_in_backward off");
+  check(grad_accum_ == 1,
+        why + ", so it cannot accumulate gradients over " + std::to_string(grad_accum_) +
+            " microbatches: set training.global_batch_size to local_batch_size × the data-parallel "
+            "degree (" +
+            std::to_string(cfg_.training.local_batch_size * dims_.batch()) +
+            "), or turn early_step_in_backward off");
+  check(!fsdp_, why +
+                    "; titan does this without sharded parameters only (one process, DDP, tensor "
+                    "parallelism): set parallelism.data_parallel_shard_degree 1, or turn "
+                    "early_step_in_backward off");
+  check(model_->frozen_base() == nullptr,
+        why + "; a LoRA run keeps its gradients small already: turn early_step_in_backward off");
+  step_in_backward_ = std::make_unique<StepInBackward>(
+      model_->store(), state_, *opt_, adamw_,
+      grad_replicate_ ? grad_replicate_.get() : mesh_.replicate.get(), replicated_);
+  model_->store().set_hooks(step_in_backward_.get());
+  char max_norm[32];
+  std::snprintf(max_norm, sizeof max_norm, "%g", cfg_.training.max_norm);
+  if (rank0())
+    log::warn(why + ", before the global gradient norm is known: training.max_norm (" + max_norm +
+              ") is not applied (as in torchtitan); the logged grad_norm is the norm before the "
+              "updates");
 }
 
 // The device's checks and the parallel layout: the meshes and, on a device, the groups over its
@@ -200,9 +237,14 @@ models::BuildOptions Trainer::build_options() const {
   bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   bo.ac = models::AcPolicy::from_config(cfg_.activation_checkpoint.mode,
                                         cfg_.activation_checkpoint.selective_ac_option);
-  // weights, gradients and the two AdamW moments (and the bf16 compute copy)
-  bo.bytes_per_param = (cfg_.optimizer.moments_dtype() == "bfloat16" ? 12 : 16) +
+  // weights, gradients (but one unit's under early_step_in_backward), the two AdamW moments,
+  // and the bf16 compute copy
+  bo.bytes_per_param = 4 + (cfg_.optimizer.early_step_in_backward ? 0 : 4) +
+                       (cfg_.optimizer.moments_dtype() == "bfloat16" ? 4 : 8) +
                        (t.mixed_precision_param == "bfloat16" ? 2 : 0);
+  bo.bytes_hold = cfg_.optimizer.early_step_in_backward
+                      ? "parameters and optimizer state (gradients one unit at a time)"
+                      : "parameters, gradients and optimizer state";
   bo.allocate = false;
   bo.log_overrides = false;
   bo.device = cfg_.training.device;
@@ -497,11 +539,13 @@ StepResult Trainer::step() {
   const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
   const parallel::DispatchSeconds ep_t0 =
       ep_buffers_ ? parallel::dispatch_seconds(*ep_buffers_) : parallel::DispatchSeconds{};
+  r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
   if (fsdp_)
-    fsdp_->begin_step();  // the model's gradients are already zero (given back by each unit)
+    fsdp_->begin_step();       // the model's gradients are already zero (given back by each unit)
+  else if (step_in_backward_)  // each unit's gradient was given back after its update
+    step_in_backward_->begin_step(static_cast<float>(r.lr), step_ + 1, rounding_key(step_ + 1));
   else
     model_->zero_grad();
-  r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
 
   // Pull every microbatch first and count the valid tokens of the whole step.
   const double t0 = cpu::now_seconds();
@@ -561,31 +605,44 @@ StepResult Trainer::step() {
 
 void Trainer::reduce_and_update(StepResult& r) {
   // Gradients all-reduced across replicas (DDP: everything; FSDP/HSDP: the shard reduce-scattered
-  // within the replica during the backward; one process: nothing moves).
+  // within the replica during the backward; one process: nothing moves). Updated in the
+  // backward (early_step_in_backward): already reduced and applied unit by unit.
   if (fsdp_) fsdp_->finish_grads();
   const int64_t len = fsdp_ ? fsdp_->shard_len() : model_->num_params();
   float* shard_grad = fsdp_ ? fsdp_->grad_shard() : model_->store().grads();
   // (skipped for a group of one: the gradients may be device memory, which MPI must not see)
-  if (mesh_.replicate->size() > 1)
+  if (mesh_.replicate->size() > 1 && !step_in_backward_)
     (grad_replicate_ ? *grad_replicate_ : *mesh_.replicate).all_reduce(shard_grad, len);
   // Σ g² of this rank's elements: under TP [slices, replicated]; the slices' sums add over the
   // tp ranks, the replicated parameters (the same on every tp rank) count once.
   double sq[2] = {0, 0};
-  int64_t at = 0;
-  for (const auto& rep : replicated_) {
-    sq[0] += opt_->sum_squares(shard_grad + at, rep.begin - at);
-    sq[1] += opt_->sum_squares(shard_grad + rep.begin, rep.len);
-    at = rep.begin + rep.len;
+  int64_t not_updated = 0;  // early_step_in_backward: ranks that stopped at a non-finite unit
+  if (step_in_backward_) {
+    sq[0] = step_in_backward_->sum_squares()[0];
+    sq[1] = step_in_backward_->sum_squares()[1];
+    not_updated = step_in_backward_->failed();
+    dist::world().all_reduce(&not_updated, 1);
+  } else {
+    int64_t at = 0;
+    for (const auto& rep : replicated_) {
+      sq[0] += opt_->sum_squares(shard_grad + at, rep.begin - at);
+      sq[1] += opt_->sum_squares(shard_grad + rep.begin, rep.len);
+      at = rep.begin + rep.len;
+    }
+    sq[0] += opt_->sum_squares(shard_grad + at, len - at);
   }
-  sq[0] += opt_->sum_squares(shard_grad + at, len - at);
   mesh_.fsdp->all_reduce(sq, 2);
   if (tp_) mesh_.tp->all_reduce(sq, 1);
-  r.grad_norm = std::sqrt(sq[0] + sq[1]);
+  r.grad_norm = not_updated ? std::nan("") : std::sqrt(sq[0] + sq[1]);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
-    char msg[256];
+    char msg[320];
     std::snprintf(msg, sizeof msg,
-                  "step %lld: loss %g, grad_norm %g is not finite; stopped before the optimizer "
-                  "update",
+                  step_in_backward_
+                      ? "step %lld: loss %g, grad_norm %g is not finite; with "
+                        "optimizer.early_step_in_backward the units the backward finished "
+                        "before the first non-finite gradient were updated, the rest not"
+                      : "step %lld: loss %g, grad_norm %g is not finite; stopped before the "
+                        "optimizer update",
                   static_cast<long long>(step_ + 1), r.loss, r.grad_norm);
     // Before blaming the learning rate: are the weights themselves bad, or is this the first
     // step of the run (no update yet)?
@@ -608,17 +665,20 @@ void Trainer::reduce_and_update(StepResult& r) {
       why = "lower optimizer.lr or check the data";
     throw Error(std::string(msg) + ": " + why);
   }
-  opt_->clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
+  if (!step_in_backward_) opt_->clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
+  if (step_in_backward_) return;
   float* params = fsdp_ ? fsdp_->master() : model_->store().device_param_data();
-  // The stochastic rounding's stream of this step and rank (bf16 moments).
-  const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
-  const uint64_t key =
-      random_u64(seed, kRoundingStream + static_cast<uint64_t>(dist::world().rank()),
-                 static_cast<uint64_t>(step_));
-  state_.step(*opt_, params, shard_grad, adamw_, static_cast<float>(r.lr), step_, key);
+  state_.step(*opt_, params, shard_grad, adamw_, static_cast<float>(r.lr), step_,
+              rounding_key(step_));
   if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
+}
+
+uint64_t Trainer::rounding_key(int64_t step) const {
+  const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
+  return random_u64(seed, kRoundingStream + static_cast<uint64_t>(dist::world().rank()),
+                    static_cast<uint64_t>(step));
 }
 
 nlohmann::json Trainer::data_settings() const {
@@ -779,7 +839,8 @@ void Trainer::train() {
               (dev.precision ? "; " + dev.precision(bf16) : std::string()));
   else if (bf16)
     log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
-                          "weights, gradients and optimizer state; ") +
+                          "weights and gradients, ") +
+              (state_.dtype() == DType::BF16 ? "bf16" : "fp32") + " AdamW moments; " +
               (ops::bf16_gemm_native()
                    ? "oneDNN bf16 matmul"
                    : "converting path (this CPU has no AVX512-BF16/AMX: bf16 values widened to "

@@ -26,6 +26,7 @@
 #include "titan/parallel/fsdp.h"
 #include "titan/parallel/tensor_parallel.h"
 #include "titan/train/metrics.h"
+#include "titan/train/step_in_backward.h"
 #include "titan/train/validator.h"
 
 namespace titan::train {
@@ -69,6 +70,7 @@ class Trainer {
   std::optional<ckpt::TrainState> load_weights(uint64_t seed);
   void find_replicated();
   void log_layout() const;
+  void setup_step_in_backward();
 
   // The settings recorded in train_state.json ("data"): tokenizer, batch sizes, seq_len.
   nlohmann::json data_settings() const;
@@ -81,6 +83,8 @@ class Trainer {
   // process every group has one rank.
   void reduce_and_update(StepResult& r);
   bool rank0() const { return dist::world().rank() == 0; }
+  // The stochastic rounding's random stream of a step on this rank (bf16 moments).
+  uint64_t rounding_key(int64_t step) const;
 
   config::JobConfig cfg_;
   dist::ParallelDims dims_;
@@ -119,6 +123,8 @@ class Trainer {
   // and the optimizer's kernels there (optim/kernels.h).
   optim::AdamWState state_;
   const optim::Kernels* opt_ = nullptr;
+  // optimizer.early_step_in_backward: the model's parameter hooks that update unit by unit.
+  std::unique_ptr<StepInBackward> step_in_backward_;
   // The AdamW moments (and FSDP's master shard) as host arrays for the checkpointer: the buffers
   // themselves on the CPU; off it, host copies (fetched from the device when `fetch`; send() puts
   // the moments back: the masters are loaded through the model).

@@ -69,14 +69,27 @@ TEST(Qwen3Spec, OverflowingSizesAreRefused) {
 TEST(Qwen3Spec, MemoryCheckNamesTheSizesAndWhatToReduce) {
   const Qwen3Args a = flavor("0.6B");  // 596 million parameters: 8.9 GiB at 16 bytes each
   const int64_t gib = int64_t{1} << 30;
-  EXPECT_EQ(error_of([&] { check_fits_in_memory(a, 16, 64 * gib, "flavor '0.6B'"); }), "");
-  EXPECT_EQ(error_of([&] { check_fits_in_memory(a, 16, 0, "flavor '0.6B'"); }), "");  // unknown
-  std::string msg = error_of([&] { check_fits_in_memory(a, 16, 4 * gib, "flavor '0.6B'"); });
+  EXPECT_EQ(error_of([&] {
+              check_fits_in_memory(a, 16, "parameters, gradients and optimizer state", 64 * gib,
+                                   "flavor '0.6B'");
+            }),
+            "");
+  EXPECT_EQ(error_of([&] {
+              check_fits_in_memory(a, 16, "parameters, gradients and optimizer state", 0,
+                                   "flavor '0.6B'");
+            }),
+            "");  // unknown
+  std::string msg = error_of([&] {
+    check_fits_in_memory(a, 16, "parameters, gradients and optimizer state", 4 * gib,
+                         "flavor '0.6B'");
+  });
   EXPECT_NE(msg.find("the model (flavor '0.6B') needs 8.88"), std::string::npos) << msg;
   EXPECT_NE(msg.find("parameters, gradients and optimizer state"), std::string::npos) << msg;
   EXPECT_NE(msg.find("this machine has 4.0 GiB"), std::string::npos) << msg;
   EXPECT_NE(msg.find("reduce model.n_layers, model.dim"), std::string::npos) << msg;
-  msg = error_of([&] { check_fits_in_memory(a, 8, 4 * gib, "x"); });  // eval: no optimizer state
+  msg = error_of([&] {
+    check_fits_in_memory(a, 8, "parameters and gradients", 4 * gib, "x");
+  });  // eval: no optimizer state
   EXPECT_NE(msg.find("for its parameters and gradients;"), std::string::npos) << msg;
 }
 

@@ -48,8 +48,8 @@ std::string model_source(const config::JobConfig& c) {
                                         : c.model.hf_assets_path + "/config.json";
 }
 
-void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, int64_t memory_bytes,
-                          const std::string& source) {
+void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, const std::string& what,
+                          int64_t memory_bytes, const std::string& source) {
   if (memory_bytes <= 0) return;
   int64_t n = 0, bytes = 0;
   const bool counted = a.param_count(&n);
@@ -61,8 +61,6 @@ void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, int64_t m
   char buf[160];
   std::snprintf(buf, sizeof buf, "%.4g GiB (%.4g parameters × %lld bytes)", need / kGiB,
                 static_cast<double>(n), static_cast<long long>(bytes_per_param));
-  std::string what = bytes_per_param >= 12 ? "parameters, gradients and optimizer state"
-                                           : "parameters and gradients";
   char have[64];
   std::snprintf(have, sizeof have, "%.1f GiB", static_cast<double>(memory_bytes) / kGiB);
   throw Error("the model (" + source + ") needs " + buf + " for its " + what +
@@ -136,6 +134,7 @@ models::ModelSpec model_spec() {
                                 // the host keeps a copy of the weights (the device is planned
                                 // by the trainer)
       check_fits_in_memory(a, ops::device(o.device).host ? o.bytes_per_param : 4,
+                           ops::device(o.device).host ? o.bytes_hold : "parameters",
                            cpu::total_memory_bytes(), model_source(c));
     const DType compute = c.training.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32;
     auto experts = experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides,

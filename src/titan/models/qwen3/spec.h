@@ -12,10 +12,11 @@ namespace titan::qwen3 {
 // applied, validated.
 Qwen3Args args_from_config(const config::JobConfig& c);
 
-// Throws titan::Error (naming `source`, the sizes and what to reduce) when the parameters of `a`
-// at bytes_per_param bytes each exceed memory_bytes; memory_bytes <= 0 (unknown) passes.
-void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, int64_t memory_bytes,
-                          const std::string& source);
+// Throws titan::Error (naming `source`, the sizes, `what` they hold and what to reduce) when the
+// parameters of `a` at bytes_per_param bytes each exceed memory_bytes; memory_bytes <= 0
+// (unknown) passes.
+void check_fits_in_memory(const Qwen3Args& a, int64_t bytes_per_param, const std::string& what,
+                          int64_t memory_bytes, const std::string& source);
 
 // Where a config's architecture comes from, for messages: "flavor 'debugmodel'" or
 // "DIR/config.json".

@@ -1,0 +1,64 @@
+#include "titan/train/step_in_backward.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace titan::train {
+
+StepInBackward::StepInBackward(models::ParamStore& store, optim::AdamWState& state,
+                               const optim::Kernels& k, const optim::AdamWConfig& c,
+                               dist::Communicator* replicate,
+                               std::vector<models::FlatRange> replicated)
+    : store_(store),
+      state_(state),
+      k_(k),
+      c_(c),
+      replicate_(replicate),
+      replicated_(std::move(replicated)) {}
+
+void StepInBackward::begin_step(float lr, int64_t step, uint64_t key) {
+  lr_ = lr;
+  step_ = step;
+  key_ = key;
+  sq_[0] = sq_[1] = 0;
+  updated_ = 0;
+  failed_ = false;
+}
+
+void StepInBackward::acquire(int64_t u, bool backward) {
+  // Memory behind the gradients this pass writes (on the host pages come back when written).
+  if (backward || backward_follows_) {
+    const models::ParamUnit& r = store_.units()[static_cast<size_t>(u)];
+    store_.hold(models::ParamStore::Flat::grads, r.begin, r.end - r.begin);
+  }
+}
+
+void StepInBackward::grads_ready(int64_t u) {
+  if (failed_) return;
+  const models::ParamUnit& r = store_.units()[static_cast<size_t>(u)];
+  const int64_t len = r.end - r.begin;
+  float* g = store_.grads();
+  if (replicate_ && replicate_->size() > 1) replicate_->all_reduce(g + r.begin, len);
+  // Σg² of the unit: its elements in a replicated range apart (counted once over the tp ranks).
+  double s[2] = {0, 0};
+  int64_t at = r.begin;
+  for (const auto& rep : replicated_) {
+    const int64_t lo = std::max(rep.begin, r.begin), hi = std::min(rep.begin + rep.len, r.end);
+    if (lo >= hi) continue;
+    s[0] += k_.sum_squares(g + at, lo - at);
+    s[1] += k_.sum_squares(g + lo, hi - lo);
+    at = hi;
+  }
+  s[0] += k_.sum_squares(g + at, r.end - at);
+  if (!std::isfinite(s[0] + s[1])) {
+    failed_ = true;
+    return;
+  }
+  sq_[0] += s[0];
+  sq_[1] += s[1];
+  state_.step_range(k_, store_.unit_param_data(u), g, r.begin, len, c_, lr_, step_, key_);
+  store_.give_back(models::ParamStore::Flat::grads, r.begin, len);
+  ++updated_;
+}
+
+}  // namespace titan::train

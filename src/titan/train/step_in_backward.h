@@ -1,0 +1,64 @@
+// torchtitan's optimizer.early_step_in_backward for a model whose parameters are not sharded (one
+// process, DDP, tensor parallelism): installed as the model's ParamHooks, it applies each FSDP
+// unit's AdamW update as soon as the backward has finished that unit's gradient (grads_ready),
+// then gives the gradient back (zeroed, its pages returned to the OS), so the whole-model
+// gradient never exists: at most the unit being computed, and from the head's forward on the
+// embedding's (a tied lm_head's gradient lands there).
+//
+// Per unit, in the order the backward completes them (the head, the layers from the last, the
+// embedding): all-reduced over the replicas (DDP), Σg² counted for the logged norm, updated,
+// freed. What cannot carry over from the step-at-the-end:
+//   clipping: the global norm is known only after every unit was updated, so training.max_norm
+//     is not applied (torchtitan's optimizer-in-backward skips it too); the norm is still
+//     measured before the updates and logged;
+//   gradient accumulation: a unit would be updated after each microbatch (refused);
+//   a non-finite gradient: the units completed before it were already updated; the unit with
+//     it and every later one are left as they were (the trainer then stops, saying so).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "titan/dist/communicator.h"
+#include "titan/models/model.h"
+#include "titan/optim/kernels.h"
+#include "titan/optim/state.h"
+
+namespace titan::train {
+
+class StepInBackward final : public models::ParamHooks {
+ public:
+  // replicate: the group the gradients are all-reduced over (null or one rank: none);
+  // replicated: the ranges a tensor-parallel norm counts once (Trainer::find_replicated).
+  StepInBackward(models::ParamStore& store, optim::AdamWState& state, const optim::Kernels& k,
+                 const optim::AdamWConfig& c, dist::Communicator* replicate,
+                 std::vector<models::FlatRange> replicated);
+
+  // The update every unit of the coming backward gets: its learning rate, the step number (from
+  // 1) and the rounding key (bf16 moments).
+  void begin_step(float lr, int64_t step, uint64_t key);
+  // After the backward: this rank's Σg² of its not-replicated and replicated elements, and how
+  // many units were updated (all of them unless a gradient was not finite).
+  const double* sum_squares() const { return sq_; }
+  int64_t units_updated() const { return updated_; }
+  bool failed() const { return failed_; }
+
+  void begin_pass(bool backward_follows) override { backward_follows_ = backward_follows; }
+  void acquire(int64_t u, bool backward) override;
+  bool release(int64_t, bool) override { return false; }
+  void grads_ready(int64_t u) override;
+
+ private:
+  models::ParamStore& store_;
+  optim::AdamWState& state_;
+  const optim::Kernels& k_;
+  const optim::AdamWConfig& c_;
+  dist::Communicator* replicate_;
+  std::vector<models::FlatRange> replicated_;
+  float lr_ = 0;
+  int64_t step_ = 0, updated_ = 0;
+  uint64_t key_ = 0;
+  double sq_[2] = {0, 0};
+  bool backward_follows_ = false, failed_ = false;
+};
+
+}  // namespace titan::train
