@@ -25,15 +25,19 @@
 #include "titan/ops/gemm.h"
 #include "titan/optim/adamw.h"
 #include "titan/optim/state.h"
+#include "titan/train/step_in_backward.h"
 
 namespace {
 
 double g_peak = 0, g_peak_bf16 = 0;  // fp32 and bf16 GEMM FLOP/s measured at start
 using titan::DType;
 
+// moments: the AdamW moments' dtype; in_backward: optimizer.early_step_in_backward (each unit
+// updated as its gradient completes, no clipping) instead of norm, clip and step at the end.
+// One untimed step first, so that every case starts with its buffers' pages in place.
 void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64_t batch,
                     int64_t seq, titan::models::AcPolicy ac = {}, DType compute = DType::F32,
-                    DType moments = DType::F32) {
+                    DType moments = DType::F32, bool in_backward = false) {
   titan::qwen3::Qwen3Model m(args,
                              {.max_batch = batch, .max_seq = seq, .ac = ac, .compute = compute});
   const double peak = compute == DType::BF16 ? g_peak_bf16 : g_peak;
@@ -48,20 +52,32 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
   }
   titan::optim::AdamWState opt(moments, m.num_params(), titan::DeviceMemory{});
   titan::optim::AdamWConfig c;
+  const titan::optim::Kernels& k = titan::optim::kernels("cpu");
+  titan::train::StepInBackward hooks(m.store(), opt, k, c, nullptr, {});
+  if (in_backward) m.store().set_hooks(&hooks);
   titan::qwen3::Batch b{batch, seq, input.data(), labels.data(), positions.data()};
   int64_t step = 0;
   double loss = 0;
-  for (auto _ : state) {
-    m.zero_grad();
-    titan::ops::LossSum s = m.forward_backward(b, 1.0f / static_cast<float>(T));
-    double norm = std::sqrt(titan::optim::sum_squares(m.store().grads(), m.num_params()));
-    titan::optim::clip_by_norm(m.store().grads(), m.num_params(), norm, 1.0);
-    m.finish_step();  // MoE: the expert-bias update, as in training
+  auto train_step = [&] {
     ++step;
-    opt.step(titan::optim::kernels("cpu"), m.store().param_data(), m.store().grads(), c, 8e-4f,
-             step, static_cast<uint64_t>(step));
+    titan::ops::LossSum s;
+    if (in_backward) {
+      hooks.begin_step(8e-4f, step, static_cast<uint64_t>(step));
+      s = m.forward_backward(b, 1.0f / static_cast<float>(T));
+      m.finish_step();
+    } else {
+      m.zero_grad();
+      s = m.forward_backward(b, 1.0f / static_cast<float>(T));
+      double norm = std::sqrt(titan::optim::sum_squares(m.store().grads(), m.num_params()));
+      titan::optim::clip_by_norm(m.store().grads(), m.num_params(), norm, 1.0);
+      m.finish_step();  // MoE: the expert-bias update, as in training
+      opt.step(k, m.store().param_data(), m.store().grads(), c, 8e-4f, step,
+               static_cast<uint64_t>(step));
+    }
     loss = s.sum / static_cast<double>(s.count);
-  }
+  };
+  train_step();
+  for (auto _ : state) train_step();
   const double fpt = m.flops_per_token(seq);
   const double tokens = static_cast<double>(T) * static_cast<double>(state.iterations());
   state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
@@ -134,6 +150,9 @@ void BM_qwen3_0_6B_2layer_s2048_bf16(benchmark::State& s) {
 // optimizer a visible part of the step.
 void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state(benchmark::State& s) {
   run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::BF16);
+}
+void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state_in_backward(benchmark::State& s) {
+  run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::BF16, true);
 }
 
 // The AdamW update alone over n parameters, fp32 or bf16 moments (arg 1: 0 fp32, 1 bf16).
@@ -222,6 +241,10 @@ BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16)
     ->Iterations(3)
     ->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_bf16state)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_bf16state_in_backward)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseRealTime();

@@ -470,6 +470,39 @@ TEST(DataParallelValidation, ShardedValidationEqualsOneProcess) {
   }
 }
 
+// optimizer.early_step_in_backward under DDP (each unit's gradient all-reduced, then applied)
+// and tensor parallelism (each rank its slices; the norm over the tp ranks): like one process
+// taking the step at the end on the same global batch, without clipping (max_norm 1e9). FSDP is
+// refused in one line.
+TEST(DataParallelEarlyStep, DdpAndTpUpdateInTheBackwardLikeOneProcess) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_early_step");
+  const std::string docs = write_docs(dir);
+  const int steps = 3;
+  const std::string no_clip = " --training.max_norm 1e9";
+  const std::string early = no_clip + " --optimizer.early_step_in_backward true";
+  ShellRun r = sh(job(docs, dir + "/one_acc", false, steps) + no_clip +
+                  " --training.global_batch_size 4");  // 2 microbatches, the step at the end
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(mpirun(2) + job(docs, dir + "/ddp2", false, steps) + early +
+         " --parallelism.data_parallel_replicate_degree 2"
+         " --parallelism.data_parallel_shard_degree 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_training(dir + "/one_acc", dir + "/ddp2", steps);
+  r = sh(job(docs, dir + "/one", false, steps) + no_clip);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(mpirun(2) + job(docs, dir + "/tp2", false, steps) + early +
+         " --parallelism.data_parallel_shard_degree 1 --parallelism.tensor_parallel_degree 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_training(dir + "/one", dir + "/tp2", steps);
+  r = sh(mpirun(2) + job(docs, dir + "/fsdp2", false, 1) + early);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("titan does this without sharded parameters only (one process, DDP, tensor "
+                       "parallelism): set parallelism.data_parallel_shard_degree 1"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_bad_layout");

@@ -31,7 +31,15 @@ void zero_and_release(const Storage& s, void* p, size_t bytes) {
 }
 
 void commit(const Storage& s, void* p, size_t bytes) {
-  if (bytes > 0 && s.reserved()) s.memory().commit(p, bytes);
+  if (bytes == 0) return;
+  if (s.reserved()) {
+    s.memory().commit(p, bytes);
+  } else if (s.memory().host()) {  // best effort: before Linux 5.14 the writes fault them in
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + bytes;
+    const uintptr_t a = lo / page * page, z = (hi + page - 1) / page * page;
+    ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE);
+  }
 }
 
 void Storage::reserve(size_t nbytes, const DeviceMemory& mem) {

@@ -32,7 +32,9 @@ class Storage;
 void zero_and_release(const Storage& s, void* p, size_t bytes);
 // Memory behind bytes [p, p+bytes) of s again before they are written: a reserved range of a
 // device's commits its granules (zeroed where they had none, so what zero_and_release gave back
-// reads zero); elsewhere nothing to do (host pages come back on their own when written).
+// reads zero); host pages are faulted in, zeroed where given back, in one call
+// (MADV_POPULATE_WRITE) rather than one fault per page as they are written; other device memory:
+// nothing to do.
 void commit(const Storage& s, void* p, size_t bytes);
 
 class Storage {

@@ -26,8 +26,14 @@ void StepInBackward::begin_step(float lr, int64_t step, uint64_t key) {
 }
 
 void StepInBackward::acquire(int64_t u, bool backward) {
-  // Memory behind the gradients this pass writes (on the host pages come back when written).
-  if (backward || backward_follows_) {
+  // Memory behind the gradients this pass writes, before it writes them (host pages in one call):
+  // a layer's in its backward; the head's in its forward (fused with its backward), and the
+  // embedding's when the head acquires it there (a tied lm_head). An untied embedding's backward
+  // acquires nothing: its few rows fault in as written.
+  const int64_t head = static_cast<int64_t>(store_.units().size()) - 1;
+  const bool with_head = !backward && backward_follows_ && (u == head || (u == 0 && head_seen_));
+  if (!backward && u == head) head_seen_ = true;
+  if (backward || with_head) {
     const models::ParamUnit& r = store_.units()[static_cast<size_t>(u)];
     store_.hold(models::ParamStore::Flat::grads, r.begin, r.end - r.begin);
   }

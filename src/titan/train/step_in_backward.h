@@ -42,7 +42,10 @@ class StepInBackward final : public models::ParamHooks {
   int64_t units_updated() const { return updated_; }
   bool failed() const { return failed_; }
 
-  void begin_pass(bool backward_follows) override { backward_follows_ = backward_follows; }
+  void begin_pass(bool backward_follows) override {
+    backward_follows_ = backward_follows;
+    head_seen_ = false;
+  }
   void acquire(int64_t u, bool backward) override;
   bool release(int64_t, bool) override { return false; }
   void grads_ready(int64_t u) override;
@@ -58,7 +61,7 @@ class StepInBackward final : public models::ParamHooks {
   int64_t step_ = 0, updated_ = 0;
   uint64_t key_ = 0;
   double sq_[2] = {0, 0};
-  bool backward_follows_ = false, failed_ = false;
+  bool backward_follows_ = false, head_seen_ = false, failed_ = false;
 };
 
 }  // namespace titan::train
