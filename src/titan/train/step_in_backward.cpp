@@ -5,6 +5,19 @@
 
 namespace titan::train {
 
+void add_sum_squares(const optim::Kernels& k, const float* g, int64_t begin, int64_t end,
+                     const std::vector<models::FlatRange>& replicated, double sq[2]) {
+  int64_t at = begin;
+  for (const auto& rep : replicated) {
+    const int64_t lo = std::max(rep.begin, begin), hi = std::min(rep.begin + rep.len, end);
+    if (lo >= hi) continue;
+    sq[0] += k.sum_squares(g + at, lo - at);
+    sq[1] += k.sum_squares(g + lo, hi - lo);
+    at = hi;
+  }
+  sq[0] += k.sum_squares(g + at, end - at);
+}
+
 StepInBackward::StepInBackward(models::ParamStore& store, optim::AdamWState& state,
                                const optim::Kernels& k, const optim::AdamWConfig& c,
                                dist::Communicator* replicate,
@@ -45,17 +58,8 @@ void StepInBackward::grads_ready(int64_t u) {
   const int64_t len = r.end - r.begin;
   float* g = store_.grads();
   if (replicate_ && replicate_->size() > 1) replicate_->all_reduce(g + r.begin, len);
-  // Σg² of the unit: its elements in a replicated range apart (counted once over the tp ranks).
   double s[2] = {0, 0};
-  int64_t at = r.begin;
-  for (const auto& rep : replicated_) {
-    const int64_t lo = std::max(rep.begin, r.begin), hi = std::min(rep.begin + rep.len, r.end);
-    if (lo >= hi) continue;
-    s[0] += k_.sum_squares(g + at, lo - at);
-    s[1] += k_.sum_squares(g + lo, hi - lo);
-    at = hi;
-  }
-  s[0] += k_.sum_squares(g + at, r.end - at);
+  add_sum_squares(k_, g, r.begin, r.end, replicated_, s);
   if (!std::isfinite(s[0] + s[1])) {
     failed_ = true;
     return;

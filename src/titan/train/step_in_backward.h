@@ -25,6 +25,11 @@
 
 namespace titan::train {
 
+// Adds to sq the Σg² of g[begin, end): sq[0] of the elements outside the `replicated` ranges
+// (sorted, in g's coordinates), sq[1] of those inside (a tensor-parallel norm counts them once).
+void add_sum_squares(const optim::Kernels& k, const float* g, int64_t begin, int64_t end,
+                     const std::vector<models::FlatRange>& replicated, double sq[2]);
+
 class StepInBackward final : public models::ParamHooks {
  public:
   // replicate: the group the gradients are all-reduced over (null or one rank: none);

@@ -623,13 +623,7 @@ void Trainer::reduce_and_update(StepResult& r) {
     not_updated = step_in_backward_->failed();
     dist::world().all_reduce(&not_updated, 1);
   } else {
-    int64_t at = 0;
-    for (const auto& rep : replicated_) {
-      sq[0] += opt_->sum_squares(shard_grad + at, rep.begin - at);
-      sq[1] += opt_->sum_squares(shard_grad + rep.begin, rep.len);
-      at = rep.begin + rep.len;
-    }
-    sq[0] += opt_->sum_squares(shard_grad + at, len - at);
+    add_sum_squares(*opt_, shard_grad, 0, len, replicated_, sq);
   }
   mesh_.fsdp->all_reduce(sq, 2);
   if (tp_) mesh_.tp->all_reduce(sq, 1);
