@@ -56,7 +56,8 @@ TEST(MemoryPlan, DebugModelBf16FullAcWithinTenPercentOfPeakRss) {
   expect_plan_matches_peak(c);
 }
 
-TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
+// Qwen3-0.6B's widths, 2 layers, 1x2048, bf16, full AC.
+config::JobConfig qwen3_0_6b_two_layers() {
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("qwen3_0_6b");
   c.model.n_layers = 2;
@@ -64,19 +65,17 @@ TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
   c.training.seq_len = 2048;
   c.activation_checkpoint.mode = "full";
   c.validator.enable = false;
-  expect_plan_matches_peak(c);
+  return c;
+}
+
+TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
+  expect_plan_matches_peak(qwen3_0_6b_two_layers());
 }
 
 // bf16 moments, and the gradients freed unit by unit: the tied embedding's (the largest) held
 // from the head's forward on, beside one layer's.
 TEST(MemoryPlan, Qwen3_0_6BWidthLeanStateWithinTenPercentOfPeakRss) {
-  config::register_builtin_configs();
-  config::JobConfig c = config::make_config("qwen3_0_6b");
-  c.model.n_layers = 2;
-  c.training.local_batch_size = 1;
-  c.training.seq_len = 2048;
-  c.activation_checkpoint.mode = "full";
-  c.validator.enable = false;
+  config::JobConfig c = qwen3_0_6b_two_layers();
   c.optimizer.state_dtype = "bfloat16";
   c.optimizer.early_step_in_backward = true;
   expect_plan_matches_peak(c);

@@ -149,10 +149,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   const std::string state = bf16_state ? "bf16" : "fp32";
   // optimizer.early_step_in_backward (no FSDP): a unit's gradient lives from its first write to
   // its update: the largest unit's at a time, and a tied embedding's from the head's forward on.
+  bool tied = false;  // lm_head is the embedding's storage (unit 0)
+  for (const auto& q : m.params()) tied = tied || q.alias;
   int64_t in_backward = 0;
   if (cfg.optimizer.early_step_in_backward) {
-    bool tied = false;
-    for (const auto& q : m.params()) tied = tied || q.alias;
     for (size_t i = tied ? 1 : 0; i < units.size(); ++i)
       in_backward = std::max(in_backward, unit_local[i]);
     in_backward = 4 * (in_backward + (tied ? unit_local[0] : 0));
@@ -199,8 +199,6 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     // one (prefetched weights; the gradient still reducing), weights and gradients (and their
     // bf16 copy).
     int64_t head = unit_local.back(), other = 0;
-    bool tied = false;
-    for (const auto& q : m.params()) tied = tied || q.alias;
     if (tied) head += unit_local[0];
     for (size_t i = tied ? 1 : 0; i + 1 < units.size(); ++i) other = std::max(other, unit_local[i]);
     // Given back unit by unit: host pages; a device's granules where it can (core/device.h
