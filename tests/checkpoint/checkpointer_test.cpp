@@ -177,9 +177,9 @@ TEST(Checkpointer, ShardedSaveLoadsIntoOtherRanges) {
                                      {DType::BF16, mb.data() + off, vb.data() + off}));
   }
   ck.sharded_commit(tmp2, st, model, written);
-  const TensorView* t2 =
-      SafetensorsSet::open(dump + "/checkpoint/step-2/shard-00000-of-00003.safetensors")
-          .find("exp_avg." + model.params()[0].fqn);
+  const SafetensorsSet step2 =
+      SafetensorsSet::open(dump + "/checkpoint/step-2/shard-00000-of-00003.safetensors");
+  const TensorView* t2 = step2.find("exp_avg." + model.params()[0].fqn);
   ASSERT_NE(t2, nullptr);
   EXPECT_EQ(t2->dtype, DType::BF16);
   const int64_t half = n / 2 + 1;
