@@ -456,7 +456,7 @@ TEST(CheckpointResume, WrongTypesInTrainStateNameFileAndField) {
            {"dataloader", 5, "\"dataloader\" must be a JSON object"},
            {"optimizer_state_dtype", "int4",
             "\"optimizer_state_dtype\" is \"int4\", not a dtype this titan reads (float32, "
-            "bfloat16)"}}) {
+            "bfloat16, int8)"}}) {
     json j = good;
     j[key] = value;
     write_json_file(st, j);

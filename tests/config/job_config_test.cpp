@@ -244,7 +244,7 @@ TEST(JobConfig, PrecisionFields) {
 }
 
 // The optimizer state's dtype: torchtitan's implementation names (fused_opt_states_bf16 keeps the
-// moments in bfloat16) and optimizer.state_dtype; other values, int8 (not implemented) and a
+// moments in bfloat16) and optimizer.state_dtype (float32, bfloat16, int8); other values and a
 // contradiction are refused naming the field.
 TEST(JobConfig, OptimizerStateDtype) {
   JobConfig c;
@@ -255,10 +255,15 @@ TEST(JobConfig, OptimizerStateDtype) {
   EXPECT_EQ(c.optimizer.moments_dtype(), "bfloat16");
   c.optimizer.state_dtype = "bfloat16";
   EXPECT_NO_THROW(validate(c));
+  c.optimizer.implementation = "fused";
+  c.optimizer.state_dtype = "int8";
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(c.optimizer.moments_dtype(), "int8");
   for (const auto& [impl, dtype, want] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"fused", "float16", "optimizer.state_dtype 'float16' must be float32 or bfloat16"},
-           {"fused", "int8", "optimizer.state_dtype int8 (8-bit AdamW) is not implemented"},
+           {"fused", "float16",
+            "optimizer.state_dtype 'float16' must be float32, bfloat16 or int8"},
+           {"fused", "uint8", "optimizer.state_dtype 'uint8' must be float32, bfloat16 or int8"},
            {"apex", "",
             "optimizer.implementation 'apex' must be for-loop, foreach, fused or "
             "fused_opt_states_bf16"},

@@ -37,6 +37,12 @@ std::string moment_name(bool first, const std::string& fqn) {
 // bf16).
 template <typename Read>
 void read_moment(const Moments& mo, bool first, int64_t at, int64_t count, const Read& read) {
+  if (mo.codec) {
+    std::vector<float> tmp(static_cast<size_t>(count));
+    read(tmp.data());
+    mo.codec->encode(first, at, count, tmp.data());
+    return;
+  }
   if (mo.dtype == DType::F32) {
     read(static_cast<float*>(mo.at(first, at)));
     return;
@@ -46,6 +52,14 @@ void read_moment(const Moments& mo, bool first, int64_t at, int64_t count, const
   f32_to(mo.dtype, tmp.data(), count, mo.at(first, at));
 }
 }  // namespace
+
+WriteTensor Moments::tensor(std::string name, bool first, std::vector<int64_t> shape, int64_t at,
+                            int64_t count) const {
+  if (!codec) return {std::move(name), dtype, std::move(shape), this->at(first, at)};
+  MomentCodec* c = codec;
+  return {std::move(name), DType::F32, std::move(shape), nullptr,
+          [c, first, at, count](void* dst) { c->decode(first, at, count, static_cast<float*>(dst)); }};
+}
 
 void check_dump_folder(const config::JobConfig& cfg) {
   check(!cfg.dump_folder.empty(),
@@ -212,7 +226,7 @@ TrainState Checkpointer::load_full(models::Model& model, const Moments& moments,
     return st;
   }
   read_weights(model, weights, dir, false, sums, nullptr);
-  if (moments.dtype == DType::F32) {
+  if (moments.dtype == DType::F32 && !moments.codec) {
     std::vector<Want> wants;
     for (const auto& p : model.params()) {
       if (p.alias) continue;
@@ -293,8 +307,7 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
     for (const auto& p : model.params()) {
       if (p.alias) continue;
       for (const bool first : {true, false})
-        opt.push_back(
-            {moment_name(first, p.fqn), moments.dtype, p.shape, moments.at(first, p.offset)});
+        opt.push_back(moments.tensor(moment_name(first, p.fqn), first, p.shape, p.offset, p.numel));
     }
     write_file((tmp / "optimizer.safetensors").string(), opt);
     test::kill_point("save:optimizer");
@@ -335,7 +348,7 @@ json Checkpointer::write_shard(const std::string& tmp, int64_t writer, int64_t w
     tensors.push_back({sl.p->fqn, DType::F32, shape, w});
     for (const bool first : {true, false})
       tensors.push_back(
-          {moment_name(first, sl.p->fqn), moments.dtype, shape, moments.at(first, sl.at)});
+          moments.tensor(moment_name(first, sl.p->fqn), first, shape, sl.at, sl.end - sl.begin));
     json entries = json::array();
     run_groups(*sl.p, sl.begin, sl.end,
                [&](const RunGroup& g) { entries.push_back(g.to_json(name)); });

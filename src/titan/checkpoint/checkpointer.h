@@ -84,13 +84,29 @@ using Segments = std::vector<FlatRange>;
 // The AdamW moments (exp_avg m, exp_avg_sq v) a call reads or writes, host arrays over the flat
 // range it covers, in float32 or bfloat16 (optimizer.state_dtype): saved in their dtype, loaded
 // from either (a conversion logs a warning). Null pointers: no moments (a model-only save).
+// Moments the checkpointer converts through fp32 (the 8-bit state, optim/state.h): saved as F32
+// tensors, loaded from F32 or BF16. Ranges start and end at a parameter, or at the piece of one
+// that a rank's range holds.
+class MomentCodec {
+ public:
+  virtual ~MomentCodec() = default;
+  virtual void decode(bool first, int64_t at, int64_t len, float* out) const = 0;
+  virtual void encode(bool first, int64_t at, int64_t len, const float* in) = 0;
+};
+
 struct Moments {
   DType dtype = DType::F32;
   void* m = nullptr;
   void* v = nullptr;
+  MomentCodec* codec = nullptr;  // set: m and v unused, elements go through it as fp32
   Moments() = default;
   Moments(float* m32, float* v32) : m(m32), v(v32) {}
   Moments(DType dt, void* m_, void* v_) : dtype(dt), m(m_), v(v_) {}
+  explicit Moments(MomentCodec* c) : codec(c) {}
+  // The tensor of elements [at, at + count) of m (first) or v as written: in dtype, or through
+  // the codec (filled when written).
+  WriteTensor tensor(std::string name, bool first, std::vector<int64_t> shape, int64_t at,
+                     int64_t count) const;
   // Element i of m (first) or v.
   void* at(bool first, int64_t i) const {
     return static_cast<char*>(first ? m : v) + i * static_cast<int64_t>(dtype_size(dtype));

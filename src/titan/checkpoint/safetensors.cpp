@@ -129,7 +129,7 @@ std::vector<Prepared> prepare(const std::string& where, const std::vector<WriteT
     size_t nb = 0;
     check(byte_size(t.shape, dtype_size(t.dtype), &nb),
           at + ": shape " + shape_str(t.shape) + " overflows the addressable size");
-    check(nb == 0 || t.data != nullptr, at + ": data is null");
+    check(nb == 0 || t.data != nullptr || t.fill, at + ": data is null");
     r.push_back({&t, nb});
   }
   std::sort(r.begin(), r.end(),
@@ -183,34 +183,48 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
+// Bytes to write: n at data, or (fill set) n made by fill into a scratch buffer.
+struct Piece {
+  const void* data;
+  size_t n;
+  const std::function<void(void*)>* fill;
+};
+
 // Creates `path` (truncating), writes the pieces and fsyncs, so that a rename afterwards
 // publishes a complete file. Throws titan::Error naming `shown` (the final path).
 void write_pieces(const std::string& path, const std::string& shown,
-                  const std::vector<std::pair<const void*, size_t>>& pieces) {
+                  const std::vector<Piece>& pieces) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int open_errno = errno;
   check(fd >= 0, shown + ": cannot create " + path + " (" + errno_str(open_errno) + ")");
+  std::vector<uint8_t> scratch;  // a filled piece's bytes
+  const auto bytes = [&](const Piece& pc) -> const char* {
+    if (!pc.fill) return static_cast<const char*>(pc.data);
+    scratch.resize(pc.n);
+    (*pc.fill)(scratch.data());
+    return reinterpret_cast<const char*>(scratch.data());
+  };
   try {
+    size_t total = 0;
+    for (const auto& pc : pieces) total += pc.n;
     if (test::kill_due("write:partial")) {  // a crash half-way through the file
-      size_t total = 0;
-      for (const auto& pc : pieces) total += pc.second;
       size_t left = total / 2;
-      for (const auto& [p, n] : pieces) {
-        write_all(fd, p, std::min(n, left), shown);
-        left -= std::min(n, left);
+      for (const auto& pc : pieces) {
+        write_all(fd, bytes(pc), std::min(pc.n, left), shown);
+        left -= std::min(pc.n, left);
       }
       test::kill_now();
     }
-    size_t total = 0;
-    for (const auto& pc : pieces) total += pc.second;
     Progress progress("writing " + shown, static_cast<int64_t>(total));
     constexpr size_t kSlice = size_t{64} << 20;  // progress between slices of large tensors
-    for (const auto& [p, n] : pieces)
-      for (size_t o = 0; o < n; o += kSlice) {
-        const size_t k = std::min(kSlice, n - o);
-        write_all(fd, static_cast<const char*>(p) + o, k, shown);
+    for (const auto& pc : pieces) {
+      const char* p = bytes(pc);
+      for (size_t o = 0; o < pc.n; o += kSlice) {
+        const size_t k = std::min(kSlice, pc.n - o);
+        write_all(fd, p + o, k, shown);
         progress.add(static_cast<int64_t>(k));
       }
+    }
     struct stat st;
     const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
     const bool synced = !regular || ::fsync(fd) == 0;
@@ -232,9 +246,9 @@ void write_safetensors(const std::string& tmp, const std::string& shown,
   const std::string header = build_header(shown, ts, metadata);
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i));
-  std::vector<std::pair<const void*, size_t>> pieces = {{len, 8}, {header.data(), header.size()}};
+  std::vector<Piece> pieces = {{len, 8, nullptr}, {header.data(), header.size(), nullptr}};
   for (const auto& p : ts)
-    if (p.nbytes) pieces.emplace_back(p.t->data, p.nbytes);
+    if (p.nbytes) pieces.push_back({p.t->data, p.nbytes, p.t->fill ? &p.t->fill : nullptr});
   write_pieces(tmp, shown, pieces);
 }
 
@@ -687,7 +701,7 @@ void write_model(const std::string& dir, const std::vector<WriteTensor>& tensors
       // The index goes last, so it is renamed after every shard it points at.
       outs.push_back({temp_name((d / kIndexName).string()), (d / kIndexName).string()});
       new_names.insert(kIndexName);
-      write_pieces(outs.back().tmp, outs.back().final_path, {{text.data(), text.size()}});
+      write_pieces(outs.back().tmp, outs.back().final_path, {{text.data(), text.size(), nullptr}});
     }
   } catch (...) {
     for (const auto& o : outs) ::unlink(o.tmp.c_str());

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -110,6 +111,9 @@ struct WriteTensor {
   DType dtype;
   std::vector<int64_t> shape;
   const void* data;  // numel * dtype_size(dtype) bytes, already in dtype
+  // Set instead of data: writes the tensor's bytes into a scratch buffer when the tensor's turn
+  // comes (a tensor converted on the way out holds no copy before it is written).
+  std::function<void(void* dst)> fill = nullptr;
 };
 
 // Writes one file: tensors sorted by name and contiguous, the header padded with spaces so the

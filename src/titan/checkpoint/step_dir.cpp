@@ -167,10 +167,10 @@ TrainState read_train_state(const fs::path& dir, int64_t step) {
   }
   if (j.contains("optimizer_state_dtype")) {
     const json& d = j["optimizer_state_dtype"];
-    check(d.is_string() && (d == "float32" || d == "bfloat16"),
+    check(d.is_string() && (d == "float32" || d == "bfloat16" || d == "int8"),
           path + ": \"optimizer_state_dtype\" is " + d.dump().substr(0, 60) +
-              ", not a dtype this titan reads (float32, bfloat16); resume it with the titan that "
-              "wrote it, or start from its weights alone (--checkpoint.initial_load_path with "
+              ", not a dtype this titan reads (float32, bfloat16, int8); resume it with the titan "
+              "that wrote it, or start from its weights alone (--checkpoint.initial_load_path with "
               "--checkpoint.initial_load_model_only)");
     st.optimizer_state_dtype = d.get<std::string>();
   }

@@ -67,8 +67,8 @@ void OptimizerConfig::visit(const FieldVisitor& f) {
   f("implementation", &implementation,
     "for-loop, foreach, fused, or fused_opt_states_bf16 (the moments in bfloat16)");
   f("state_dtype", &state_dtype,
-    "the AdamW moments' dtype: float32 or bfloat16 (stochastic rounding); empty: float32, "
-    "bfloat16 with fused_opt_states_bf16");
+    "the AdamW moments' dtype: float32, bfloat16 (stochastic rounding) or int8 (bitsandbytes' "
+    "8-bit block-wise AdamW); empty: float32, bfloat16 with fused_opt_states_bf16");
   f("early_step_in_backward", &early_step_in_backward,
     "apply each unit's update in the backward as soon as its gradient is complete, then free "
     "the gradient (no gradient accumulation; training.max_norm is not applied)");
@@ -576,11 +576,9 @@ void validate(const JobConfig& c) {
   check(im == "fused" || im == "foreach" || im == "for-loop" || im == "fused_opt_states_bf16",
         "optimizer.implementation '" + im +
             "' must be for-loop, foreach, fused or fused_opt_states_bf16");
-  check(o.state_dtype.empty() || o.state_dtype == "float32" || o.state_dtype == "bfloat16",
-        o.state_dtype == "int8"
-            ? std::string("optimizer.state_dtype int8 (8-bit AdamW) is not implemented; use "
-                          "bfloat16 or float32")
-            : "optimizer.state_dtype '" + o.state_dtype + "' must be float32 or bfloat16");
+  check(o.state_dtype.empty() || o.state_dtype == "float32" || o.state_dtype == "bfloat16" ||
+            o.state_dtype == "int8",
+        "optimizer.state_dtype '" + o.state_dtype + "' must be float32, bfloat16 or int8");
   check(im != "fused_opt_states_bf16" || o.moments_dtype() == "bfloat16",
         "optimizer.implementation fused_opt_states_bf16 keeps the moments in bfloat16, but "
         "optimizer.state_dtype is " +

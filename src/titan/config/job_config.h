@@ -60,10 +60,11 @@ struct OptimizerConfig {
   // torchtitan's: for-loop, foreach or fused compute alike here (one fused pass);
   // fused_opt_states_bf16 keeps the moments in bfloat16 (as state_dtype bfloat16).
   std::string implementation = "fused";
-  // The dtype of the AdamW moments: float32, or bfloat16 (stochastically rounded on each
-  // update). Empty: float32, or bfloat16 under implementation fused_opt_states_bf16.
+  // The dtype of the AdamW moments: float32, bfloat16 (stochastically rounded on each update) or
+  // int8 (bitsandbytes' block-wise 8-bit quantization). Empty: float32, or bfloat16 under
+  // implementation fused_opt_states_bf16.
   std::string state_dtype;
-  // The resolved state dtype ("float32" or "bfloat16").
+  // The resolved state dtype ("float32", "bfloat16" or "int8").
   std::string moments_dtype() const {
     return !state_dtype.empty()                        ? state_dtype
            : implementation == "fused_opt_states_bf16" ? "bfloat16"

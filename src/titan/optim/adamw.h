@@ -23,6 +23,19 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
 void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
                      const AdamWConfig& c, float lr, int64_t step, uint64_t key);
 
+// The same update with 8-bit moments (bitsandbytes' AdamW8bit, block-wise; optim/adamw_math.h):
+// block b covers elements [begin[b], begin[b + 1]) of p, g, m and v (begin has nblocks + 1
+// entries, each block at most kQ8Block long); m and v hold its codes in q8_map(true) and
+// q8_map(false), absmax_m[b] and absmax_v[b] its scales. Each block is decoded to fp32, updated
+// as above, and encoded again with its new absmax.
+void adamw_step_q8(float* p, const float* g, uint8_t* m, uint8_t* v, float* absmax_m,
+                   float* absmax_v, const int64_t* begin, int64_t nblocks, const AdamWConfig& c,
+                   float lr, int64_t step);
+
+// The 256-value quantization maps of the 8-bit moments, sorted: signed (m, from -0.993 to 1) or
+// unsigned (v, from 0 to 1); bitsandbytes' create_dynamic_map(signed).
+const float* q8_map(bool is_signed);
+
 // The step's constants (bias corrections, decay) for the per-element update.
 AdamWConsts adamw_consts(const AdamWConfig& c, float lr, int64_t step);
 

@@ -8,6 +8,11 @@
 // that round-to-nearest would lose. r comes from a counter-based hash of (key, element index):
 // the same for every thread count and run with the same key. NaN stays NaN; a value past the
 // largest bf16 may round to inf, as rounding up does.
+//
+// 8-bit moments (bitsandbytes' block-wise dynamic quantization): a block of up to kQ8Block
+// elements keeps one fp32 scale, its largest magnitude (absmax), and one byte per element, the
+// index of the entry of a 256-value map nearest to element / absmax. The map is signed for m,
+// unsigned for v (optim/adamw.h q8_map).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -69,6 +74,35 @@ TITAN_HD uint16_t bf16_stochastic(float x, uint32_t r) {
   if ((b & 0x7F800000u) == 0x7F800000u && (b & 0x007FFFFFu) != 0)  // NaN: quiet, sign kept
     return static_cast<uint16_t>((b >> 16) | 0x0040u);
   return static_cast<uint16_t>((b + (r & 0xFFFFu)) >> 16);
+}
+
+// Elements per block of the 8-bit state (bitsandbytes' AdamW8bit blocksize since 0.45).
+constexpr int64_t kQ8Block = 256;
+
+// The index of the entry of the sorted 256-value `map` nearest to x (the lower one on a tie; x
+// below map[0] gives 0): the largest i with map[i] <= x by bisection, then i + 1 when strictly
+// nearer. bitsandbytes' CUDA quantizer picks the nearest entry too; its CPU backend (0.50) rounds
+// x to one of 65,536 evenly spaced bins first, which near 0 (entries 1e-7 apart) picks a
+// neighbour.
+TITAN_HD uint8_t q8_encode(float x, const float* map) {
+  int lo = 0, hi = 255;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (map[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  if (lo < 255 && map[lo] <= x && map[lo + 1] - x < x - map[lo]) ++lo;
+  return static_cast<uint8_t>(lo);
+}
+
+// A block's n values x encoded with the scale absmax (> 0: x · (1/absmax), as bitsandbytes
+// multiplies; 0: every code that of the value 0).
+TITAN_HD void q8_encode_block(const float* x, int64_t n, float absmax, const float* map,
+                              uint8_t* out) {
+  const float inv = absmax > 0 ? 1.0f / absmax : 0.0f;
+  for (int64_t i = 0; i < n; ++i) out[i] = q8_encode(x[i] * inv, map);
 }
 
 }  // namespace titan::optim

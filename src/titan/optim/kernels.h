@@ -17,6 +17,8 @@ struct Kernels {
   decltype(&optim::clip_by_norm) clip_by_norm = nullptr;
   // Optional: the update with bf16 moments (optimizer.state_dtype bfloat16); null refuses it.
   decltype(&optim::adamw_step_bf16) adamw_step_bf16 = nullptr;
+  // Optional: the update with 8-bit moments (optimizer.state_dtype int8); null refuses it.
+  decltype(&optim::adamw_step_q8) adamw_step_q8 = nullptr;
 };
 
 // Adds the kernels of k.device. Throws titan::Error for a missing entry or a device registered

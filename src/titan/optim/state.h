@@ -1,10 +1,14 @@
 // AdamW's state for one rank's shard of the parameters (n elements): the two moments exp_avg (m)
-// and exp_avg_sq (v), stored in float32 or bfloat16 (optimizer.state_dtype) in a device's memory.
-// Bytes per parameter: 8 in float32, 4 in bfloat16 (stochastically rounded on each update,
-// optim/adamw_math.h).
+// and exp_avg_sq (v), stored in float32, bfloat16 or 8 bits (optimizer.state_dtype) in a
+// device's memory. Bytes per parameter: 8 in float32; 4 in bfloat16 (stochastically rounded on
+// each update, optim/adamw_math.h); 2 + 8/256 in int8 (bitsandbytes' block-wise quantization:
+// one code byte per element and moment, one fp32 scale per block of 256 elements and moment; a
+// block never crosses the start of a parameter).
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "titan/core/buffer.h"
 #include "titan/core/dtype.h"
@@ -15,8 +19,11 @@ namespace titan::optim {
 class AdamWState {
  public:
   AdamWState() = default;
-  // Zeroed moments of n elements. Throws titan::Error for a dtype other than F32 and BF16.
-  AdamWState(DType dtype, int64_t n, const DeviceMemory& mem);
+  // Zeroed moments of n elements. `starts`: where each parameter (or the piece of one a shard
+  // holds) begins in [0, n), ascending; the 8-bit blocks start there and every kQ8Block elements
+  // after. Throws titan::Error for a dtype other than F32, BF16 and I8 (int8).
+  AdamWState(DType dtype, int64_t n, const DeviceMemory& mem,
+             const std::vector<int64_t>& starts = {});
 
   DType dtype() const { return dtype_; }
   int64_t size() const { return n_; }
@@ -33,18 +40,36 @@ class AdamWState {
   }
   // The same for the elements [begin, begin + len) alone (p and g still the whole arrays): the
   // same bits as those elements get from step() (optimizer.early_step_in_backward updates unit
-  // by unit).
+  // by unit). In int8 the range must start and end at parameter starts (or at n).
   void step_range(const Kernels& k, float* p, const float* g, int64_t begin, int64_t len,
                   const AdamWConfig& c, float lr, int64_t step, uint64_t key);
 
+  // int8 state in host memory: elements [at, at + len) of m (first) or v decoded to fp32, or
+  // encoded from fp32 as the update encodes (the range starting and ending at parameter starts
+  // or n). decode gives m's code 0, the map's end -0.993, as -1 × the block's scale (the value
+  // quantized there), so that encoding what decode gave finds each block's scale and codes
+  // again, bit for bit: a checkpoint resumes bitwise.
+  void decode(bool first, int64_t at, int64_t len, float* out) const;
+  void encode(bool first, int64_t at, int64_t len, const float* in);
+  // int8: the blocks' scales of m (first) or v, one per block in element order.
+  float* absmax(bool first) { return (first ? absmax_m_ : absmax_v_).data(); }
+
  private:
+  // The blocks [b0, b1) covering [at, at + len); throws when the range cuts a block.
+  std::pair<int64_t, int64_t> blocks_of(int64_t at, int64_t len) const;
+
   DType dtype_ = DType::F32;
   int64_t n_ = 0;
   Buffer<uint8_t> m_, v_;
+  // int8: the scales (absmax) per block of m and v, and the blocks' first elements (nblocks + 1
+  // entries, the last n), in the device's memory and on the host.
+  Buffer<float> absmax_m_, absmax_v_;
+  Buffer<int64_t> begin_;
+  std::vector<int64_t> host_begin_;
 };
 
-// optimizer.state_dtype's spelling ("float32", "bfloat16") to its dtype; throws titan::Error for
-// another.
+// optimizer.state_dtype's spelling ("float32", "bfloat16", "int8") to its dtype (I8 for int8);
+// throws titan::Error for another.
 DType state_dtype(const std::string& name);
 
 }  // namespace titan::optim

@@ -144,9 +144,16 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       std::string("; ") + (sliced ? "TP slice" : "") + (sliced && dp_shard > 1 ? ", " : "") +
       (dp_shard > 1 ? "1/" + std::to_string(dp_shard) + " shard" : std::string()) + ")";
   const bool split = sliced || dp_shard > 1;
-  // optimizer.state_dtype: two fp32 moments per parameter (8 bytes), or two bf16 ones (4).
-  const bool bf16_state = cfg.optimizer.moments_dtype() == "bfloat16";
-  const std::string state = bf16_state ? "bf16" : "fp32";
+  // optimizer.state_dtype: two fp32 moments per parameter (8 bytes), two bf16 ones (4), or two
+  // 8-bit codes (2) and two fp32 scales per block of 256 (at most one block more per parameter
+  // than the elements need: optim/state.h).
+  const std::string& sd = cfg.optimizer.moments_dtype();
+  const std::string state = sd == "bfloat16" ? "bf16" : sd == "int8" ? "8-bit block-wise" : "fp32";
+  const int64_t state_bytes =
+      sd == "bfloat16" ? ps
+      : sd == "int8"
+          ? ps / 2 + 8 * (ps / 4 / 256 + static_cast<int64_t>(m.params().size()))
+          : 2 * ps;
   // optimizer.early_step_in_backward (no FSDP): a unit's gradient lives from its first write to
   // its update: the largest unit's at a time, and a tied embedding's from the head's forward on.
   bool tied = false;  // lm_head is the embedding's storage (unit 0)
@@ -171,7 +178,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
           : MemoryPlan::Line{split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},
       {split ? "optimizer state (AdamW; " + state + shard
              : "optimizer state (AdamW exp_avg, exp_avg_sq; " + state + ")",
-       bf16_state ? ps : 2 * ps},
+       state_bytes},
   };
   if (bf16 && dp_shard == 1)  // FSDP: per unit, in the gathered units' line
     plan.lines.push_back({"bf16 compute copy of the weights",

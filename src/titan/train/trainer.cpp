@@ -240,7 +240,9 @@ models::BuildOptions Trainer::build_options() const {
   // weights, gradients (but one unit's under early_step_in_backward), the two AdamW moments,
   // and the bf16 compute copy
   bo.bytes_per_param = 4 + (cfg_.optimizer.early_step_in_backward ? 0 : 4) +
-                       (cfg_.optimizer.moments_dtype() == "bfloat16" ? 4 : 8) +
+                       (cfg_.optimizer.moments_dtype() == "bfloat16" ? 4
+                        : cfg_.optimizer.moments_dtype() == "int8"   ? 2
+                                                                     : 8) +
                        (t.mixed_precision_param == "bfloat16" ? 2 : 0);
   bo.bytes_hold = cfg_.optimizer.early_step_in_backward
                       ? "parameters and optimizer state (gradients one unit at a time)"
@@ -345,8 +347,27 @@ void Trainer::build_optimizer_state(const ops::Backend& backend) {
         cfg_.parallelism.fsdp_reshard_after_forward, t.mixed_precision_param == "bfloat16",
         dims_.ep > 1 ? (efsdp_group_ ? efsdp_group_.get() : mesh_.efsdp.get()) : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
-  state_ = optim::AdamWState(optim::state_dtype(cfg_.optimizer.moments_dtype()), shard_len,
-                             backend.memory());
+  const DType dtype = optim::state_dtype(cfg_.optimizer.moments_dtype());
+  check(dtype != DType::I8 || opt_->adamw_step_q8,
+        "optimizer.state_dtype int8: device " + t.device +
+            " has no AdamW kernel for 8-bit moments; use optimizer.state_dtype bfloat16");
+  // Where each parameter, or the piece of one this rank's shard holds, starts in the state (the
+  // 8-bit blocks start there).
+  std::vector<int64_t> starts;
+  if (dtype == DType::I8) {
+    const ckpt::Segments whole{{0, n}};
+    int64_t at = 0;
+    for (const auto& seg : fsdp_ ? fsdp_->own_segments() : whole) {
+      for (const auto& p : model_->params()) {
+        const int64_t b = std::max(p.offset, seg.begin);
+        if (!p.alias && b < std::min(p.offset + p.numel, seg.begin + seg.len))
+          starts.push_back(at + b - seg.begin);
+      }
+      at += seg.len;
+    }
+    std::sort(starts.begin(), starts.end());
+  }
+  state_ = optim::AdamWState(dtype, shard_len, backend.memory(), starts);
 }
 
 // The checkpointer, and the weights: a resumed checkpoint, initial weights, or the seeded init.
@@ -834,7 +855,10 @@ void Trainer::train() {
   else if (bf16)
     log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
                           "weights and gradients, ") +
-              (state_.dtype() == DType::BF16 ? "bf16" : "fp32") + " AdamW moments; " +
+              (state_.dtype() == DType::BF16  ? "bf16"
+               : state_.dtype() == DType::I8 ? "8-bit block-wise"
+                                             : "fp32") +
+              " AdamW moments; " +
               (ops::bf16_gemm_native()
                    ? "oneDNN bf16 matmul"
                    : "converting path (this CPU has no AVX512-BF16/AMX: bf16 values widened to "

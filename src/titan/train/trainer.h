@@ -131,12 +131,27 @@ class Trainer {
   struct HostMoments {
     explicit HostMoments(Trainer& t, bool fetch = false);
     void send();
-    ckpt::Moments moments() const { return {t.state_.dtype(), m, v}; }
+    ckpt::Moments moments() {
+      if (t.state_.dtype() == DType::I8) return ckpt::Moments(&codec);
+      return {t.state_.dtype(), m, v};
+    }
+    // The 8-bit state (on the host) read and written through fp32.
+    struct Codec final : ckpt::MomentCodec {
+      explicit Codec(optim::AdamWState& s) : state(s) {}
+      void decode(bool first, int64_t at, int64_t len, float* out) const override {
+        state.decode(first, at, len, out);
+      }
+      void encode(bool first, int64_t at, int64_t len, const float* in) override {
+        state.encode(first, at, len, in);
+      }
+      optim::AdamWState& state;
+    };
     Trainer& t;
     Buffer<uint8_t> hm, hv;
     Buffer<float> hp;
     void *m, *v;
     float* master;  // null without FSDP, or off the CPU when not fetched
+    Codec codec{t.state_};
   };
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
   optim::AdamWConfig adamw_;
