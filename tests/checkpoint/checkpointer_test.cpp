@@ -512,6 +512,33 @@ TEST(CheckpointResume, Bf16MomentsAreSavedInBf16AndResumeBitwise) {
   EXPECT_TRUE(std::isfinite(narrowed.step().loss));
 }
 
+// optimizer.state_dtype int8: the moments are saved decoded, as F32 tensors, and the train state
+// says int8; a resume finds every block's scale and codes again and continues bitwise. A float32
+// run resumes from them with a warning.
+TEST(CheckpointResume, Int8MomentsAreSavedAsF32AndResumeBitwise) {
+  const std::string dump = temp_dir("int8_state");
+  config::JobConfig c = small(dump);
+  c.optimizer.state_dtype = "int8";
+  const std::vector<double> losses = run_steps(c, 4);
+  const std::string step2 = dump + "/checkpoint/step-2";
+  const SafetensorsSet opt = SafetensorsSet::open(step2 + "/optimizer.safetensors");
+  const TensorView* t = opt.find("exp_avg.tok_embeddings.weight");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->dtype, DType::F32);
+  EXPECT_EQ(read_json_file(step2 + "/train_state.json")["optimizer_state_dtype"], "int8");
+  c.checkpoint.load_step = 2;
+  {
+    train::Trainer resumed(c, docs());
+    EXPECT_EQ(resumed.step().loss, losses[2]);
+    EXPECT_EQ(resumed.step().loss, losses[3]);
+  }
+  config::JobConfig f = c;
+  f.optimizer.state_dtype = "float32";
+  EXPECT_TRUE(has(resume_log(f),
+                  "the checkpoint's AdamW moments are int8; this run keeps them in float32 "
+                  "(optimizer.state_dtype): converted"));
+}
+
 TEST(CheckpointResume, ChecksumCatchesABitFlipAndNamesAnOlderStep) {
   const std::string dump = temp_dir("bitflip");
   run_steps(small(dump), 4);

@@ -503,6 +503,45 @@ TEST(DataParallelEarlyStep, DdpAndTpUpdateInTheBackwardLikeOneProcess) {
       << r.out;
 }
 
+// 8-bit AdamW moments (optimizer.state_dtype int8) with data parallelism. DDP holds the whole
+// state on each rank, as one process does: the same training within 1e-5. FSDP's shards cut some
+// parameters inside a 256-element block, where each rank's piece gets a scale of its own: close
+// to one process (1e-3), not equal. A sharded checkpoint of FSDP 2 resumes bitwise.
+TEST(DataParallel8bit, DdpLikeOneProcessFsdpCloseAndResumesBitwise) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_int8");
+  const std::string docs = write_docs(dir);
+  const int steps = 4;
+  const std::string q8 = " --optimizer.state_dtype int8";
+  ShellRun r = sh(job(docs, dir + "/one", false, steps) + q8 + " --training.global_batch_size 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(mpirun(2) + job(docs, dir + "/ddp2", false, steps) + q8 +
+         " --parallelism.data_parallel_replicate_degree 2"
+         " --parallelism.data_parallel_shard_degree 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_training(dir + "/one", dir + "/ddp2", steps);
+  const std::string keep = " --checkpoint.interval 2 --checkpoint.last_save_model_only false";
+  r = sh(mpirun(2) + job(docs, dir + "/fsdp2", false, steps) + q8 + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto one = metrics(dir + "/one"), fsdp = metrics(dir + "/fsdp2");
+  ASSERT_EQ(fsdp.size(), static_cast<size_t>(steps));
+  for (size_t s = 0; s < one.size(); ++s) {
+    const double x = one[s]["loss"], y = fsdp[s]["loss"];
+    EXPECT_NEAR(y, x, 1e-3 * std::fabs(x)) << "step " << s + 1;
+  }
+  const std::string again = dir + "/fsdp2_resumed";
+  fs::create_directories(again + "/checkpoint");
+  fs::copy(dir + "/fsdp2/checkpoint/step-2", again + "/checkpoint/step-2",
+           fs::copy_options::recursive);
+  r = sh(mpirun(2) + job(docs, again, false, steps) + q8 + keep);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Resuming from sharded checkpoint"), std::string::npos) << r.out;
+  const auto resumed = metrics(again);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (size_t s = 0; s < 2; ++s)
+    EXPECT_EQ(resumed[s]["loss"].get<double>(), fsdp[s + 2]["loss"].get<double>()) << s + 3;
+}
+
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_bad_layout");

@@ -33,11 +33,12 @@ std::vector<float> weights(Trainer& t) {
   return {p, p + t.model().num_params()};
 }
 
-// Element by element the same AdamW update on the same gradient: bitwise equal, for fp32 and
-// bf16 moments (the rounding bits of an element do not depend on the range updated) and under
-// bf16 mixed precision.
+// Element by element the same AdamW update on the same gradient: bitwise equal, for fp32, bf16
+// and 8-bit moments (the rounding bits of an element do not depend on the range updated; an
+// 8-bit block never crosses a parameter's start, so a unit's blocks are its own) and under bf16
+// mixed precision.
 TEST(StepInBackward, GivesTheWeightsOfTheStepAtTheEndBitwise) {
-  for (const char* moments : {"float32", "bfloat16"})
+  for (const char* moments : {"float32", "bfloat16", "int8"})
     for (const char* mp : {"float32", "bfloat16"}) {
       SCOPED_TRACE(std::string(moments) + " moments, mixed_precision_param " + mp);
       config::JobConfig c = small();
