@@ -154,12 +154,17 @@ void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state(benchmark::State& s) {
 void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state_in_backward(benchmark::State& s) {
   run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::BF16, true);
 }
+// optimizer.state_dtype int8: 8-bit block-wise moments (bitsandbytes' AdamW8bit).
+void BM_qwen3_0_6B_2layer_s2048_bf16_int8state(benchmark::State& s) {
+  run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::I8);
+}
 
-// The AdamW update alone over n parameters, fp32 or bf16 moments (arg 1: 0 fp32, 1 bf16).
-// GB/s counts the bytes moved: p and m, v read and written, g read.
+// The AdamW update alone over n parameters, fp32, bf16 or 8-bit moments (arg 1: 0 fp32, 1 bf16,
+// 2 int8). GB/s counts the bytes moved: p and m, v read and written, g read (not the 8-bit
+// state's scales, 1/64 of its bytes).
 void BM_adamw(benchmark::State& state) {
   const int64_t n = state.range(0);
-  const DType dt = state.range(1) ? DType::BF16 : DType::F32;
+  const DType dt = state.range(1) == 2 ? DType::I8 : state.range(1) ? DType::BF16 : DType::F32;
   titan::Buffer<float> p(n), g(n);
   for (int64_t i = 0; i < n; ++i) g[i] = 1e-3f * static_cast<float>(i % 101);
   titan::optim::AdamWState opt(dt, n, titan::DeviceMemory{});
@@ -175,7 +180,9 @@ void BM_adamw(benchmark::State& state) {
   state.counters["ns/param"] =
       benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()) * 1e-9,
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.SetLabel(dt == DType::BF16 ? "bf16 moments" : "fp32 moments");
+  state.SetLabel(dt == DType::BF16 ? "bf16 moments"
+                 : dt == DType::I8 ? "int8 moments"
+                                   : "fp32 moments");
 }
 
 // The GEMM roofline itself, as a benchmark row: fp32 n×n×n oneDNN matmul.
@@ -248,9 +255,14 @@ BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_bf16state_in_backward)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseRealTime();
+BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_int8state)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
 BENCHMARK(BM_adamw)
     ->Args({1 << 26, 0})
     ->Args({1 << 26, 1})
+    ->Args({1 << 26, 2})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -95,8 +95,8 @@ std::vector<Kernels> builtin_kernels() {
   std::vector<Kernels> k{
       {"cpu", &adamw_step, &sum_squares, &clip_by_norm, &adamw_step_bf16, &adamw_step_q8}};
 #ifdef TITAN_HAVE_CUDA
-  k.push_back(
-      {"cuda", &cuda::adamw_step, &cuda::sum_squares, &cuda::clip_by_norm, &cuda::adamw_step_bf16});
+  k.push_back({"cuda", &cuda::adamw_step, &cuda::sum_squares, &cuda::clip_by_norm,
+               &cuda::adamw_step_bf16, &cuda::adamw_step_q8});
 #endif
   return k;
 }

@@ -78,7 +78,8 @@ TEST(AdamW8bit, EachStepMatchesBitsandbytesAdamW8bitFromItsState) {
       const std::vector<float> want_p = f32(s, pre + "param." + ts);
       float worst = 0;
       for (size_t j = 0; j < p.size(); ++j)
-        worst = std::max(worst, std::fabs(p[j] - want_p[j]) / std::max(std::fabs(want_p[j]), 1e-2f));
+        worst =
+            std::max(worst, std::fabs(p[j] - want_p[j]) / std::max(std::fabs(want_p[j]), 1e-2f));
       EXPECT_LE(worst, 1e-6f) << pre << "param step " << t;
       for (const bool first : {true, false}) {
         const std::string at = pre + (first ? "m" : "v") + " step " + ts;
@@ -94,8 +95,8 @@ TEST(AdamW8bit, EachStepMatchesBitsandbytesAdamW8bitFromItsState) {
           worst_scale = std::max(worst_scale, std::fabs(st.absmax(first)[b] - wa[b]) / wa[b]);
         for (int64_t j = 0; j < n; ++j) {
           const int k = q[j], w = wq[static_cast<size_t>(j)];
-          const float gap = std::max(k > 0 ? map[k] - map[k - 1] : 0.0f,
-                                     k < 255 ? map[k + 1] - map[k] : 0.0f);
+          const float gap =
+              std::max(k > 0 ? map[k] - map[k - 1] : 0.0f, k < 255 ? map[k + 1] - map[k] : 0.0f);
           worst_code = std::max(worst_code, std::fabs(map[k] - map[w]) / (gap + kBin));
           same += k == w;
         }
@@ -118,8 +119,8 @@ TEST(AdamW8bit, BlocksStartAtParametersAndRangesGiveTheWholeStepsBits) {
   const std::vector<int64_t> starts{0, 300, 301, 812};
   const auto p0 = random(n, 1, 0.5f), g = random(n, 2, 0.1f);
   const AdamWConfig c;
-  AdamWState whole(DType::I8, n, DeviceMemory{}, starts), parts(DType::I8, n, DeviceMemory{},
-                                                                 starts);
+  AdamWState whole(DType::I8, n, DeviceMemory{}, starts),
+      parts(DType::I8, n, DeviceMemory{}, starts);
   auto pw = p0, pp = p0;
   const Kernels& k = kernels("cpu");
   for (int64_t t = 1; t <= 3; ++t) {
@@ -169,6 +170,26 @@ TEST(AdamW8bit, DecodeThenEncodeRestoresTheStateBitwise) {
   back.decode(false, 0, n, v2.data());
   EXPECT_EQ(m, m2);
   EXPECT_EQ(v, v2);
+}
+
+// The CPU kernel's table encoder gives the bisection's index for every float in [-1.5, 1.5] of
+// the form k / 2^20 and for ±0, the map entries and their midpoints' neighbours.
+TEST(AdamW8bit, TableEncoderIsTheBisection) {
+  for (const bool is_signed : {true, false}) {
+    const float* map = q8_map(is_signed);
+    std::vector<float> xs{0.0f, -0.0f, 1.0f, -1.0f};
+    for (int k = -(3 << 19); k <= (3 << 19); ++k) xs.push_back(static_cast<float>(k) / (1 << 20));
+    for (int i = 0; i < 256; ++i) {
+      xs.push_back(map[i]);
+      if (i < 255) {
+        const float mid = (map[i] + map[i + 1]) / 2;
+        xs.insert(xs.end(), {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f)});
+      }
+    }
+    int64_t differ = 0;
+    for (const float x : xs) differ += q8_encode_fast(x, is_signed) != q8_encode(x, map);
+    EXPECT_EQ(differ, 0) << (is_signed ? "signed" : "unsigned");
+  }
 }
 
 // The name int8 reads as the 8-bit state; other names are refused naming the field.

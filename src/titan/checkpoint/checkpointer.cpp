@@ -57,8 +57,9 @@ WriteTensor Moments::tensor(std::string name, bool first, std::vector<int64_t> s
                             int64_t count) const {
   if (!codec) return {std::move(name), dtype, std::move(shape), this->at(first, at)};
   MomentCodec* c = codec;
-  return {std::move(name), DType::F32, std::move(shape), nullptr,
-          [c, first, at, count](void* dst) { c->decode(first, at, count, static_cast<float*>(dst)); }};
+  return {std::move(name), DType::F32, std::move(shape), nullptr, [c, first, at, count](void* dst) {
+            c->decode(first, at, count, static_cast<float*>(dst));
+          }};
 }
 
 void check_dump_folder(const config::JobConfig& cfg) {

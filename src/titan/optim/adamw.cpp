@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
+#include "titan/core/error.h"
 #include "titan/ops/simd.h"
 #include "titan/optim/adamw_math.h"
 
@@ -29,24 +32,100 @@ TITAN_CLONES void adamw_block_bf16(float* p, const float* g, uint16_t* m, uint16
   }
 }
 
-// One block of the 8-bit state (adamw_step_q8): decoded, updated, encoded with its new absmax.
+// q8_encode by tables instead of bisection, the same index. thr[k] is the least float that
+// q8_encode puts at k + 1 rather than k (between map[k] and map[k + 1]), so x's index is the
+// number of thresholds <= x. start, at the top 20 bits of x (a bucket 1/2048 of an octave wide),
+// counts them for the bucket's least value; no bucket holds a threshold past its least value
+// but one (checked when built), so one comparison more gives x's.
+struct Q8Table {
+  static constexpr int kShift = 12;
+  const float* map;
+  float thr[256];              // thr[255] = +inf
+  std::vector<uint8_t> start;  // 2^20 buckets
+  explicit Q8Table(const float* m) : map(m), start(size_t{1} << (32 - kShift)) {
+    // Floats as integers in their order (negatives' patterns reversed), to bisect over.
+    const auto ord = [](float x) {
+      const uint32_t b = f32_bits(x);
+      return b & 0x80000000u ? ~b : b | 0x80000000u;
+    };
+    const auto from_ord = [](uint32_t o) {
+      const uint32_t b = o & 0x80000000u ? o & 0x7FFFFFFFu : ~o;
+      float f;
+      std::memcpy(&f, &b, sizeof f);
+      return f;
+    };
+    for (int k = 0; k < 255; ++k) {  // the least float in (m[k], m[k + 1]] encoded to k + 1
+      uint32_t lo = ord(m[k]), hi = ord(m[k + 1]);
+      while (lo + 1 < hi) {  // from_ord(lo) encodes to k or below, from_ord(hi) to k + 1
+        const uint32_t mid = lo + (hi - lo) / 2;
+        (q8_encode(from_ord(mid), m) <= k ? lo : hi) = mid;
+      }
+      thr[k] = from_ord(hi);
+    }
+    thr[255] = std::numeric_limits<float>::infinity();
+    const auto count = [this](float x) {  // the thresholds <= x
+      return static_cast<int>(std::upper_bound(thr, thr + 255, x) - thr);
+    };
+    for (uint32_t key = 0; key < (uint32_t{1} << (32 - kShift)); ++key) {
+      const uint32_t low = (uint32_t{1} << kShift) - 1;
+      const bool neg = (key >> (31 - kShift)) != 0;
+      const uint32_t lb = key << kShift | (neg ? low : 0u), hb = key << kShift | (neg ? 0u : low);
+      float least, most;
+      std::memcpy(&least, &lb, sizeof least);
+      std::memcpy(&most, &hb, sizeof most);
+      const int c = std::isnan(least) ? 0 : count(least);
+      start[key] = static_cast<uint8_t>(c);
+      check(std::isnan(least) || count(most) - c <= 1,
+            "8-bit AdamW: an encoding bucket holds two thresholds");
+    }
+  }
+  uint8_t encode(float x) const {
+    const int i = start[f32_bits(x) >> kShift];
+    return static_cast<uint8_t>(i + (thr[i] <= x));
+  }
+  // q8_encode_block's codes.
+  void encode_block(const float* x, int64_t n, float absmax, uint8_t* out) const {
+    const float inv = absmax > 0 ? 1.0f / absmax : 0.0f;
+    for (int64_t i = 0; i < n; ++i) out[i] = encode(x[i] * inv);
+  }
+};
+
+const Q8Table& q8_table(bool is_signed) {
+  static const Q8Table s(q8_map(true)), u(q8_map(false));
+  return is_signed ? s : u;
+}
+
+// The largest |x[i]|: the largest of the magnitudes' bit patterns (ordered as the values are), an
+// integer reduction the compiler vectorizes.
+TITAN_CLONES float absmax_of(const float* x, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, f32_bits(x[i]) & 0x7FFFFFFFu);
+  float r;
+  std::memcpy(&r, &top, sizeof r);
+  return r;
+}
+
+// One block of the 8-bit state (adamw_step_q8): decoded and updated (a loop the compiler
+// vectorizes), then its new absmax, then encoded.
 TITAN_CLONES void adamw_block_q8(float* p, const float* g, uint8_t* m, uint8_t* v, float& absmax_m,
-                                 float& absmax_v, int64_t n, const AdamWConsts c,
-                                 const float* map_m, const float* map_v) {
-  float mb[kQ8Block], vb[kQ8Block];
-  float top_m = 0, top_v = 0;
+                                 float& absmax_v, int64_t n, const AdamWConsts c, const Q8Table& tm,
+                                 const Q8Table& tv) {
+  float mb[kQ8Block], vb[kQ8Block];  // [0, n) written below, then read (GCC sees no bound)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  const float am = absmax_m, av = absmax_v;
   for (int64_t i = 0; i < n; ++i) {
-    float mi = map_m[m[i]] * absmax_m, vi = map_v[v[i]] * absmax_v;
+    float mi = tm.map[m[i]] * am, vi = tv.map[v[i]] * av;
     adamw_element(p[i], g[i], mi, vi, c);
     mb[i] = mi;
     vb[i] = vi;
-    top_m = std::max(top_m, std::fabs(mi));
-    top_v = std::max(top_v, std::fabs(vi));
   }
+  const float top_m = absmax_of(mb, n), top_v = absmax_of(vb, n);
   absmax_m = top_m;
   absmax_v = top_v;
-  q8_encode_block(mb, n, top_m, map_m, m);
-  q8_encode_block(vb, n, top_v, map_v, v);
+  tm.encode_block(mb, n, top_m, m);
+  tv.encode_block(vb, n, top_v, v);
+#pragma GCC diagnostic pop
 }
 
 // bitsandbytes' create_dynamic_map in torch's float32 arithmetic: for exponents 10^-6 .. 10^0,
@@ -119,6 +198,8 @@ void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t
   }
 }
 
+uint8_t q8_encode_fast(float x, bool is_signed) { return q8_table(is_signed).encode(x); }
+
 const float* q8_map(bool is_signed) {
   static const std::array<float, 256> s = dynamic_map(true), u = dynamic_map(false);
   return is_signed ? s.data() : u.data();
@@ -128,12 +209,11 @@ void adamw_step_q8(float* p, const float* g, uint8_t* m, uint8_t* v, float* absm
                    float* absmax_v, const int64_t* begin, int64_t nblocks, const AdamWConfig& c,
                    float lr, int64_t step) {
   const AdamWConsts k = adamw_consts(c, lr, step);
-  const float *map_m = q8_map(true), *map_v = q8_map(false);
+  const Q8Table &tm = q8_table(true), &tv = q8_table(false);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t i0 = begin[b], len = begin[b + 1] - i0;
-    adamw_block_q8(p + i0, g + i0, m + i0, v + i0, absmax_m[b], absmax_v[b], len, k, map_m,
-                   map_v);
+    adamw_block_q8(p + i0, g + i0, m + i0, v + i0, absmax_m[b], absmax_v[b], len, k, tm, tv);
   }
 }
 

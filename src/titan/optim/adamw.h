@@ -36,6 +36,10 @@ void adamw_step_q8(float* p, const float* g, uint8_t* m, uint8_t* v, float* absm
 // unsigned (v, from 0 to 1); bitsandbytes' create_dynamic_map(signed).
 const float* q8_map(bool is_signed);
 
+// adamw_math.h's q8_encode(x, q8_map(is_signed)) through a table of 65,536 buckets (the CPU
+// kernel's encoder): the same index for every x.
+uint8_t q8_encode_fast(float x, bool is_signed);
+
 // The step's constants (bias corrections, decay) for the per-element update.
 AdamWConsts adamw_consts(const AdamWConfig& c, float lr, int64_t step);
 

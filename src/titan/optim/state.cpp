@@ -52,29 +52,52 @@ std::pair<int64_t, int64_t> AdamWState::blocks_of(int64_t at, int64_t len) const
   return {find(at), find(at + len)};
 }
 
+// Off the host, the range's codes and scales go through host copies.
 void AdamWState::decode(bool first, int64_t at, int64_t len, float* out) const {
-  check(dtype_ == DType::I8 && memory().host(), "AdamWState::decode: int8 state on the host only");
+  check(dtype_ == DType::I8, "AdamWState::decode: the state is not int8");
   const auto [b0, b1] = blocks_of(at, len);
+  const DeviceMemory& mem = memory();
+  const uint8_t* q = (first ? m_ : v_).data() + at;
+  const float* scale = (first ? absmax_m_ : absmax_v_).data() + b0;
+  std::vector<uint8_t> hq;
+  std::vector<float> hs;
+  if (!mem.host()) {
+    hq.resize(static_cast<size_t>(len));
+    hs.resize(static_cast<size_t>(b1 - b0));
+    mem.copy(hq.data(), q, hq.size());
+    mem.copy(hs.data(), scale, hs.size() * sizeof(float));
+    q = hq.data();
+    scale = hs.data();
+  }
   const float* map = q8_map(first);
-  const uint8_t* q = (first ? m_ : v_).data();
-  const float* scale = (first ? absmax_m_ : absmax_v_).data();
   for (int64_t b = b0; b < b1; ++b)
-    for (int64_t i = host_begin_[b]; i < host_begin_[b + 1]; ++i)
-      out[i - at] = q[i] == 0 && first ? -scale[b] : map[q[i]] * scale[b];
+    for (int64_t i = host_begin_[b]; i < host_begin_[b + 1]; ++i) {
+      const uint8_t c = q[i - at];
+      out[i - at] = c == 0 && first ? -scale[b - b0] : map[c] * scale[b - b0];
+    }
 }
 
 void AdamWState::encode(bool first, int64_t at, int64_t len, const float* in) {
-  check(dtype_ == DType::I8 && memory().host(), "AdamWState::encode: int8 state on the host only");
+  check(dtype_ == DType::I8, "AdamWState::encode: the state is not int8");
   const auto [b0, b1] = blocks_of(at, len);
+  const DeviceMemory& mem = memory();
+  uint8_t* q = (first ? m_ : v_).data() + at;
+  float* scale = (first ? absmax_m_ : absmax_v_).data() + b0;
+  std::vector<uint8_t> hq(mem.host() ? 0 : static_cast<size_t>(len));
+  std::vector<float> hs(mem.host() ? 0 : static_cast<size_t>(b1 - b0));
+  uint8_t* wq = mem.host() ? q : hq.data();
+  float* ws = mem.host() ? scale : hs.data();
   const float* map = q8_map(first);
-  uint8_t* q = (first ? m_ : v_).data();
-  float* scale = (first ? absmax_m_ : absmax_v_).data();
   for (int64_t b = b0; b < b1; ++b) {
-    const int64_t i0 = host_begin_[b], n = host_begin_[b + 1] - i0;
+    const int64_t i0 = host_begin_[b] - at, n = host_begin_[b + 1] - host_begin_[b];
     float top = 0;
-    for (int64_t i = 0; i < n; ++i) top = std::max(top, std::fabs(in[i0 - at + i]));
-    scale[b] = top;
-    q8_encode_block(in + (i0 - at), n, top, map, q + i0);
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, std::fabs(in[i0 + i]));
+    ws[b - b0] = top;
+    q8_encode_block(in + i0, n, top, map, wq + i0);
+  }
+  if (!mem.host()) {
+    mem.copy(q, hq.data(), hq.size());
+    mem.copy(scale, hs.data(), hs.size() * sizeof(float));
   }
 }
 

@@ -44,14 +44,14 @@ class AdamWState {
   void step_range(const Kernels& k, float* p, const float* g, int64_t begin, int64_t len,
                   const AdamWConfig& c, float lr, int64_t step, uint64_t key);
 
-  // int8 state in host memory: elements [at, at + len) of m (first) or v decoded to fp32, or
+  // int8 state: elements [at, at + len) of m (first) or v decoded to host fp32, or
   // encoded from fp32 as the update encodes (the range starting and ending at parameter starts
   // or n). decode gives m's code 0, the map's end -0.993, as -1 × the block's scale (the value
   // quantized there), so that encoding what decode gave finds each block's scale and codes
   // again, bit for bit: a checkpoint resumes bitwise.
   void decode(bool first, int64_t at, int64_t len, float* out) const;
   void encode(bool first, int64_t at, int64_t len, const float* in);
-  // int8: the blocks' scales of m (first) or v, one per block in element order.
+  // int8: the blocks' scales of m (first) or v, one per block in element order (device memory).
   float* absmax(bool first) { return (first ? absmax_m_ : absmax_v_).data(); }
 
  private:

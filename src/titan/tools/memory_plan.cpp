@@ -151,9 +151,8 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   const std::string state = sd == "bfloat16" ? "bf16" : sd == "int8" ? "8-bit block-wise" : "fp32";
   const int64_t state_bytes =
       sd == "bfloat16" ? ps
-      : sd == "int8"
-          ? ps / 2 + 8 * (ps / 4 / 256 + static_cast<int64_t>(m.params().size()))
-          : 2 * ps;
+      : sd == "int8"   ? ps / 2 + 8 * (ps / 4 / 256 + static_cast<int64_t>(m.params().size()))
+                       : 2 * ps;
   // optimizer.early_step_in_backward (no FSDP): a unit's gradient lives from its first write to
   // its update: the largest unit's at a time, and a tied embedding's from the head's forward on.
   bool tied = false;  // lm_head is the embedding's storage (unit 0)

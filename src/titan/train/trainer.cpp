@@ -489,14 +489,16 @@ Trainer::HostMoments::HostMoments(Trainer& tr, bool fetch)
   const DeviceMemory& mem = t.state_.memory();
   if (mem.host()) return;
   const int64_t n = t.state_.size();
-  const size_t bytes = dtype_size(t.state_.dtype()) * static_cast<size_t>(n);
-  hm.resize(static_cast<int64_t>(bytes));
-  hv.resize(static_cast<int64_t>(bytes));
-  m = hm.data();
-  v = hv.data();
-  if (fetch) {
-    mem.copy(m, t.state_.m(), bytes);
-    mem.copy(v, t.state_.v(), bytes);
+  if (t.state_.dtype() != DType::I8) {  // int8: the codec copies what it reads or writes
+    const size_t bytes = dtype_size(t.state_.dtype()) * static_cast<size_t>(n);
+    hm.resize(static_cast<int64_t>(bytes));
+    hv.resize(static_cast<int64_t>(bytes));
+    m = hm.data();
+    v = hv.data();
+    if (fetch) {
+      mem.copy(m, t.state_.m(), bytes);
+      mem.copy(v, t.state_.v(), bytes);
+    }
   }
   if (!master || !fetch) {
     master = nullptr;
@@ -509,7 +511,7 @@ Trainer::HostMoments::HostMoments(Trainer& tr, bool fetch)
 
 void Trainer::HostMoments::send() {
   const DeviceMemory& mem = t.state_.memory();
-  if (mem.host()) return;
+  if (mem.host() || t.state_.dtype() == DType::I8) return;
   mem.copy(t.state_.m(), m, static_cast<size_t>(hm.size()));
   mem.copy(t.state_.v(), v, static_cast<size_t>(hv.size()));
 }
@@ -855,7 +857,7 @@ void Trainer::train() {
   else if (bf16)
     log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
                           "weights and gradients, ") +
-              (state_.dtype() == DType::BF16  ? "bf16"
+              (state_.dtype() == DType::BF16 ? "bf16"
                : state_.dtype() == DType::I8 ? "8-bit block-wise"
                                              : "fp32") +
               " AdamW moments; " +

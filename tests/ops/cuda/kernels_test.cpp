@@ -785,6 +785,36 @@ void test_optim() {
   titan::optim::clip_by_norm(g.data(), n, std::sqrt(want), 0.5);
   titan::optim::cuda::clip_by_norm(d_g.p, n, std::sqrt(want), 0.5);
   report("clip_by_norm", rel_diff(d_g.host(), g), 0);
+  // 8-bit moments: blocks of 256 from each start (a short block at 1000), 3 steps; the codes may
+  // differ where the CPU's contracted FMAs move x/absmax across a midpoint (a few in 1e5).
+  std::vector<int64_t> begin{0};
+  for (int64_t b = 256; b < n; b += 256) {
+    if (begin.back() < 1000 && b > 1000) begin.push_back(1000);
+    begin.push_back(b);
+  }
+  begin.push_back(n);
+  const auto nb = static_cast<int64_t>(begin.size()) - 1;
+  std::vector<uint8_t> qm(n, 0), qv(n, 0);
+  std::vector<float> am(nb, 0.0f), av(nb, 0.0f);
+  auto p8 = randn(n);
+  Dev<float> d_p8(p8), d_am(am), d_av(av);
+  Dev<uint8_t> d_qm(qm), d_qv(qv);
+  Dev<int64_t> d_begin(begin);
+  for (int64_t step = 1; step <= 3; ++step) {
+    titan::optim::adamw_step_q8(p8.data(), g.data(), qm.data(), qv.data(), am.data(), av.data(),
+                                begin.data(), nb, c, 3e-4f, step);
+    titan::optim::cuda::adamw_step_q8(d_p8.p, d_g.p, d_qm.p, d_qv.p, d_am.p, d_av.p, d_begin.p, nb,
+                                      c, 3e-4f, step);
+  }
+  report("adamw_step_q8 p (3 steps)", rel_diff(d_p8.host(), p8), 2e-6);
+  report("adamw_step_q8 absmax m", rel_diff(d_am.host(), am), 2e-6);
+  report("adamw_step_q8 absmax v", rel_diff(d_av.host(), av), 2e-6);
+  const auto hq = d_qm.host();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i)
+    differ += hq[static_cast<size_t>(i)] != qm[static_cast<size_t>(i)];
+  report("adamw_step_q8 codes of m differing (fraction)",
+         static_cast<double>(differ) / static_cast<double>(n), 1e-4);
 }
 
 // cuBLASLt's rate on an n³ product: bf16 (fp32 accumulation) and fp32.

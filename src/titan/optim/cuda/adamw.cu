@@ -6,6 +6,10 @@
 //   clip_by_norm   g ← g·min(1, max_norm/(norm + 1e-6))
 //   adamw_step_bf16  adamw_step with bf16 moments, stochastically rounded (adamw_math.h: the
 //                  per-element maths shared with the CPU)
+//   adamw_step_q8  adamw_step with 8-bit moments (optim/adamw.h adamw_step_q8): one thread block
+//                  of kQ8Block threads per block of the state: decode, update, the block's new
+//                  absmax by a shared-memory tree, encode (adamw_math.h q8_encode, the maps in
+//                  constant memory)
 // Compiled with --fmad=false, as the elementwise ops.
 #include <cmath>
 
@@ -43,6 +47,47 @@ __global__ void adamw_bf16_k(float* p, const float* g, uint16_t* m, uint16_t* v,
     p[i] = pi;
     m[i] = bf16_stochastic(mi, r);
     v[i] = bf16_stochastic(vi, r >> 16);
+  }
+}
+
+__constant__ float c_q8_maps[2][256];  // q8_map(true), q8_map(false)
+
+__device__ float block_max_f32(float v) {
+  __shared__ float s[kQ8Block];
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kQ8Block / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) s[threadIdx.x] = fmaxf(s[threadIdx.x], s[threadIdx.x + w]);
+    __syncthreads();
+  }
+  const float top = s[0];
+  __syncthreads();
+  return top;
+}
+
+// blockDim.x == kQ8Block; block b of the state is thread block b.
+__global__ void adamw_q8_k(float* p, const float* g, uint8_t* m, uint8_t* v, float* absmax_m,
+                           float* absmax_v, const int64_t* begin, AdamWConsts c) {
+  const int64_t b = blockIdx.x, i = begin[b] + threadIdx.x;
+  const bool live = i < begin[b + 1];
+  const float* map_m = c_q8_maps[0];
+  const float* map_v = c_q8_maps[1];
+  float mi = 0, vi = 0;
+  if (live) {
+    float pi = p[i];
+    mi = map_m[m[i]] * absmax_m[b];
+    vi = map_v[v[i]] * absmax_v[b];
+    adamw_element(pi, g[i], mi, vi, c);
+    p[i] = pi;
+  }
+  const float top_m = block_max_f32(fabsf(mi)), top_v = block_max_f32(fabsf(vi));
+  if (live) {
+    q8_encode_block(&mi, 1, top_m, map_m, m + i);
+    q8_encode_block(&vi, 1, top_v, map_v, v + i);
+  }
+  if (threadIdx.x == 0) {
+    absmax_m[b] = top_m;
+    absmax_v[b] = top_v;
   }
 }
 
@@ -99,6 +144,23 @@ void adamw_step_bf16(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t
   if (n <= 0) return;
   adamw_bf16_k<<<grid(n), kThreads, 0, stream()>>>(p, g, m, v, n, adamw_consts(c, lr, step), key);
   TITAN_CUDA_LAUNCHED("adamw_step_bf16");
+}
+
+void adamw_step_q8(float* p, const float* g, uint8_t* m, uint8_t* v, float* absmax_m,
+                   float* absmax_v, const int64_t* begin, int64_t nblocks, const AdamWConfig& c,
+                   float lr, int64_t step) {
+  if (nblocks <= 0) return;
+  static const bool maps = [] {  // once per process, before the first launch
+    float host[2][256];
+    for (int s = 0; s < 2; ++s)
+      for (int k = 0; k < 256; ++k) host[s][k] = q8_map(s == 0)[k];
+    TITAN_CUDA_CHECK(cudaMemcpyToSymbol(c_q8_maps, host, sizeof host));
+    return true;
+  }();
+  (void)maps;
+  adamw_q8_k<<<static_cast<unsigned>(nblocks), kQ8Block, 0, stream()>>>(
+      p, g, m, v, absmax_m, absmax_v, begin, adamw_consts(c, lr, step));
+  TITAN_CUDA_LAUNCHED("adamw_step_q8");
 }
 
 double sum_squares(const float* x, int64_t n) {
