@@ -72,11 +72,11 @@ TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
   expect_plan_matches_peak(qwen3_0_6b_two_layers());
 }
 
-// bf16 moments, and the gradients freed unit by unit: the tied embedding's (the largest) held
-// from the head's forward on, beside one layer's.
+// 8-bit moments with their block scales, and the gradients freed unit by unit: the tied
+// embedding's (the largest) held from the head's forward on, beside one layer's.
 TEST(MemoryPlan, Qwen3_0_6BWidthLeanStateWithinTenPercentOfPeakRss) {
   config::JobConfig c = qwen3_0_6b_two_layers();
-  c.optimizer.state_dtype = "bfloat16";
+  c.optimizer.state_dtype = "int8";
   c.optimizer.early_step_in_backward = true;
   expect_plan_matches_peak(c);
 }
