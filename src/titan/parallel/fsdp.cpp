@@ -248,6 +248,7 @@ void Fsdp::finish_grads() {
     if (mine(u) > 0)
       be_.add_inplace(grad_shard_.data() + u.at, scratch_.data() + k.scratch, mine(u));
     model_.store().give_back(Flat::grads, u.begin, u.len);
+    if (on_reduced_) on_reduced_(u.at, mine(u));
   }
   reducing_.clear();
 }

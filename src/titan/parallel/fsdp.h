@@ -84,6 +84,12 @@ class Fsdp final : public models::ParamHooks {
   void begin_step() { grad_shard_.zero(); }
   // The last gradient reduce-scatter finished: grad_shard() complete.
   void finish_grads();
+  // Called with this rank's block of a unit (at, len in the shard buffers) as soon as its
+  // reduce-scatter has completed and been added to grad_shard() (optimizer.early_step_in_backward
+  // updates it there and then; one microbatch per step).
+  void set_on_reduced(std::function<void(int64_t at, int64_t len)> fn) {
+    on_reduced_ = std::move(fn);
+  }
   // The masters changed (optimizer step): every unit resharded.
   void reshard_all();
   // Every unit whole in the model's param_data(), the fp32 masters exactly (an export, the error
@@ -150,6 +156,7 @@ class Fsdp final : public models::ParamHooks {
   int64_t shard_len_ = 0, largest_unit_ = 0;
   Buffer<float> master_, grad_shard_, scratch_;  // scratch_: one unit's reduce-scattered blocks
   std::vector<std::pair<Reducing, std::unique_ptr<dist::Request>>> reducing_;  // in flight
+  std::function<void(int64_t at, int64_t len)> on_reduced_;
   bool backward_follows_ = false, head_done_ = false;  // of the pass under way
   bool bf16_ = false, exact_ = false;                  // exact_: gather_all's fp32 gathers
   std::vector<Buffer<uint16_t>> stages_;               // bf16 gathers in flight, one each

@@ -158,7 +158,8 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   bool tied = false;  // lm_head is the embedding's storage (unit 0)
   for (const auto& q : m.params()) tied = tied || q.alias;
   int64_t in_backward = 0;
-  if (cfg.optimizer.early_step_in_backward) {
+  const bool grads_by_unit = cfg.optimizer.early_step_in_backward && dp_shard == 1;
+  if (grads_by_unit) {
     for (size_t i = tied ? 1 : 0; i < units.size(); ++i)
       in_backward = std::max(in_backward, unit_local[i]);
     in_backward = 4 * (in_backward + (tied ? unit_local[0] : 0));
@@ -171,7 +172,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
             : "frozen base weights (fp32; LoRA)",
        models::frozen_bytes(m)},
       {split ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
-      cfg.optimizer.early_step_in_backward
+      grads_by_unit
           ? MemoryPlan::Line{"gradients (fp32; one unit at a time, early_step_in_backward)",
                              in_backward}
           : MemoryPlan::Line{split ? "gradients (fp32, reduced" + shard : "gradients (fp32)", ps},

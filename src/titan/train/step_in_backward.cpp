@@ -53,22 +53,29 @@ void StepInBackward::acquire(int64_t u, bool backward) {
 }
 
 void StepInBackward::grads_ready(int64_t u) {
-  if (failed_) return;
   const models::ParamUnit& r = store_.units()[static_cast<size_t>(u)];
-  const int64_t len = r.end - r.begin;
-  float* g = store_.grads();
-  if (replicate_ && replicate_->size() > 1) replicate_->all_reduce(g + r.begin, len);
+  if (apply(store_.unit_param_data(u), store_.grads(), r.begin, r.end - r.begin))
+    store_.give_back(models::ParamStore::Flat::grads, r.begin, r.end - r.begin);
+}
+
+void StepInBackward::shard_ready(float* p, float* g, int64_t at, int64_t len) {
+  apply(p, g, at, len);
+}
+
+bool StepInBackward::apply(float* p, float* g, int64_t at, int64_t len) {
+  if (failed_) return false;
+  if (replicate_ && replicate_->size() > 1) replicate_->all_reduce(g + at, len);
   double s[2] = {0, 0};
-  add_sum_squares(k_, g, r.begin, r.end, replicated_, s);
+  add_sum_squares(k_, g, at, at + len, replicated_, s);
   if (!std::isfinite(s[0] + s[1])) {
     failed_ = true;
-    return;
+    return false;
   }
   sq_[0] += s[0];
   sq_[1] += s[1];
-  state_.step_range(k_, store_.unit_param_data(u), g, r.begin, len, c_, lr_, step_, key_);
-  store_.give_back(models::ParamStore::Flat::grads, r.begin, len);
+  state_.step_range(k_, p, g, at, len, c_, lr_, step_, key_);
   ++updated_;
+  return true;
 }
 
 }  // namespace titan::train

@@ -1,13 +1,15 @@
-// torchtitan's optimizer.early_step_in_backward for a model whose parameters are not sharded (one
-// process, DDP, tensor parallelism): installed as the model's ParamHooks, it applies each FSDP
-// unit's AdamW update as soon as the backward has finished that unit's gradient (grads_ready),
-// then gives the gradient back (zeroed, its pages returned to the OS), so the whole-model
-// gradient never exists: at most the unit being computed, and from the head's forward on the
-// embedding's (a tied lm_head's gradient lands there).
+// torchtitan's optimizer.early_step_in_backward. For a model whose parameters are not sharded
+// (one process, DDP, tensor parallelism) it is installed as the model's ParamHooks and applies
+// each unit's AdamW update as soon as the backward has finished that unit's gradient
+// (grads_ready), then gives the gradient back (zeroed, its pages returned to the OS), so the
+// whole-model gradient never exists: at most the unit being computed, and from the head's
+// forward on the embedding's (a tied lm_head's gradient lands there). Under FSDP/HSDP
+// (parallel/fsdp.h holds the hooks) the trainer calls shard_ready for this rank's block of each
+// unit as soon as its reduce-scatter has completed, on the master and gradient shards.
 //
 // Per unit, in the order the backward completes them (the head, the layers from the last, the
-// embedding): all-reduced over the replicas (DDP), Σg² counted for the logged norm, updated,
-// freed. What cannot carry over from the step-at-the-end:
+// embedding): all-reduced over the replicas (DDP, HSDP), Σg² counted for the logged norm,
+// updated, freed. What cannot carry over from the step-at-the-end:
 //   clipping: the global norm is known only after every unit was updated, so training.max_norm
 //     is not applied (torchtitan's optimizer-in-backward skips it too); the norm is still
 //     measured before the updates and logged;
@@ -54,8 +56,15 @@ class StepInBackward final : public models::ParamHooks {
   void acquire(int64_t u, bool backward) override;
   bool release(int64_t, bool) override { return false; }
   void grads_ready(int64_t u) override;
+  // FSDP: elements [at, at + len) of this rank's shard (p the masters, g the reduced gradients),
+  // a unit's block whose reduce-scatter has completed.
+  void shard_ready(float* p, float* g, int64_t at, int64_t len);
 
  private:
+  // Reduce over the replicas, count, update [at, at + len) of p from g; false (nothing updated)
+  // once a gradient was not finite.
+  bool apply(float* p, float* g, int64_t at, int64_t len);
+
   models::ParamStore& store_;
   optim::AdamWState& state_;
   const optim::Kernels& k_;

@@ -161,8 +161,9 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
 }
 
 // optimizer.early_step_in_backward: the updates made unit by unit in the backward
-// (train/step_in_backward.h), installed as the model's parameter hooks, with torchtitan's
-// refusals (expert parallelism, gradient accumulation) and its skipped clipping said once.
+// (train/step_in_backward.h), installed as the model's parameter hooks (under FSDP called by
+// Fsdp as each unit's block is reduced), with torchtitan's refusals (expert parallelism,
+// gradient accumulation) and its skipped clipping said once.
 void Trainer::setup_step_in_backward() {
   const std::string why =
       "optimizer.early_step_in_backward updates each unit as soon as the "
@@ -177,16 +178,17 @@ void Trainer::setup_step_in_backward() {
             "degree (" +
             std::to_string(cfg_.training.local_batch_size * dims_.batch()) +
             "), or turn early_step_in_backward off");
-  check(!fsdp_, why +
-                    "; titan does this without sharded parameters only (one process, DDP, tensor "
-                    "parallelism): set parallelism.data_parallel_shard_degree 1, or turn "
-                    "early_step_in_backward off");
   check(model_->frozen_base() == nullptr,
         why + "; a LoRA run keeps its gradients small already: turn early_step_in_backward off");
   step_in_backward_ = std::make_unique<StepInBackward>(
       model_->store(), state_, *opt_, adamw_,
       grad_replicate_ ? grad_replicate_.get() : mesh_.replicate.get(), replicated_);
-  model_->store().set_hooks(step_in_backward_.get());
+  if (fsdp_)  // FSDP holds the hooks; each block is updated once reduced
+    fsdp_->set_on_reduced([this](int64_t at, int64_t len) {
+      step_in_backward_->shard_ready(fsdp_->master(), fsdp_->grad_shard(), at, len);
+    });
+  else
+    model_->store().set_hooks(step_in_backward_.get());
   char max_norm[32];
   std::snprintf(max_norm, sizeof max_norm, "%g", cfg_.training.max_norm);
   if (rank0())
@@ -237,16 +239,16 @@ models::BuildOptions Trainer::build_options() const {
   bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   bo.ac = models::AcPolicy::from_config(cfg_.activation_checkpoint.mode,
                                         cfg_.activation_checkpoint.selective_ac_option);
-  // weights, gradients (but one unit's under early_step_in_backward), the two AdamW moments,
-  // and the bf16 compute copy
-  bo.bytes_per_param = 4 + (cfg_.optimizer.early_step_in_backward ? 0 : 4) +
+  // weights, gradients (but one unit's under early_step_in_backward without FSDP, which keeps
+  // its gradient shard), the two AdamW moments, and the bf16 compute copy
+  const bool grads_by_unit = cfg_.optimizer.early_step_in_backward && !dims_.sharded();
+  bo.bytes_per_param = 4 + (grads_by_unit ? 0 : 4) +
                        (cfg_.optimizer.moments_dtype() == "bfloat16" ? 4
                         : cfg_.optimizer.moments_dtype() == "int8"   ? 2
                                                                      : 8) +
                        (t.mixed_precision_param == "bfloat16" ? 2 : 0);
-  bo.bytes_hold = cfg_.optimizer.early_step_in_backward
-                      ? "parameters and optimizer state (gradients one unit at a time)"
-                      : "parameters, gradients and optimizer state";
+  bo.bytes_hold = grads_by_unit ? "parameters and optimizer state (gradients one unit at a time)"
+                                : "parameters, gradients and optimizer state";
   bo.allocate = false;
   bo.log_overrides = false;
   bo.device = cfg_.training.device;
@@ -563,11 +565,11 @@ StepResult Trainer::step() {
   const parallel::DispatchSeconds ep_t0 =
       ep_buffers_ ? parallel::dispatch_seconds(*ep_buffers_) : parallel::DispatchSeconds{};
   r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
-  if (fsdp_)
-    fsdp_->begin_step();       // the model's gradients are already zero (given back by each unit)
-  else if (step_in_backward_)  // each unit's gradient was given back after its update
+  if (step_in_backward_)
     step_in_backward_->begin_step(static_cast<float>(r.lr), step_ + 1, rounding_key(step_ + 1));
-  else
+  if (fsdp_)
+    fsdp_->begin_step();        // the model's gradients are already zero (given back by each unit)
+  else if (!step_in_backward_)  // (each unit's gradient was given back after its update)
     model_->zero_grad();
 
   // Pull every microbatch first and count the valid tokens of the whole step.
@@ -685,7 +687,10 @@ void Trainer::reduce_and_update(StepResult& r) {
   if (!step_in_backward_) opt_->clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);
   model_->finish_step();  // MoE expert-bias update (torchtitan's optimizer pre-step hook)
   ++step_;
-  if (step_in_backward_) return;
+  if (step_in_backward_) {
+    if (fsdp_) fsdp_->reshard_all();  // the masters changed in the backward
+    return;
+  }
   float* params = fsdp_ ? fsdp_->master() : model_->store().device_param_data();
   state_.step(*opt_, params, shard_grad, adamw_, static_cast<float>(r.lr), step_,
               rounding_key(step_));
