@@ -1,8 +1,10 @@
 // torchtitan's text packing (torchtitan.md §5): each document is tokenized with BOS and EOS,
 // shifted inside the document (input = ids[:-1], label = ids[1:]), given positions 0,1,2,...
 // (modulo seq_len), concatenated and cut into rows of exactly seq_len tokens; a row's leading
-// partial document is re-based to start at position 0. Rank r of N data-parallel ranks reads
-// documents r, r+N, ...; epoch 0 keeps file order, later epochs are reshuffled (seed + epoch).
+// partial document is re-based to start at position 0. With dp_world N, rank r reads documents
+// r, r+N, ... (the validator's split; the trainer reads one stream on every rank, dp_world 1,
+// and takes its rows of each global batch); epoch 0 keeps file order, later epochs are
+// reshuffled (seed + epoch).
 // With repeat off the loader stops at the end of one pass (validation): the last batch may hold
 // fewer rows, the rest padded (input 0, label -100, positions 0,1,...), and an incomplete last
 // row is dropped. Datasets with a loss mask (chat data, chat_dataset.h) label an id -100 where

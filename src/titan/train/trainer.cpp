@@ -259,7 +259,6 @@ models::BuildOptions Trainer::build_options() const {
 // the loader of this rank's batches.
 void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   const auto& t = cfg_.training;
-  const int64_t dp = dims_.batch();
   std::shared_ptr<const data::DocumentSet> dataset =
       docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
                    : std::make_shared<data::TextDocuments>(
@@ -281,8 +280,10 @@ void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   lo.seq_len = t.seq_len;
   lo.shuffle = cfg_.dataloader.shuffle;
   lo.seed = static_cast<uint64_t>(cfg_.dataloader.seed);
-  lo.dp_rank = mesh_.batch_rank;
-  lo.dp_world = dp;
+  // One global stream of packed rows, the same on every rank: the data of step k depends on the
+  // dataset, the seed and k alone, not on the layout (step() takes this rank's rows of it).
+  lo.dp_rank = 0;
+  lo.dp_world = 1;
   loader_ = std::make_unique<data::PackedLoader>(std::move(dataset), lo);
 }
 
@@ -572,11 +573,21 @@ StepResult Trainer::step() {
   else if (!step_in_backward_)  // (each unit's gradient was given back after its update)
     model_->zero_grad();
 
-  // Pull every microbatch first and count the valid tokens of the whole step.
+  // Pull every microbatch first and count the valid tokens of the whole step. The step's global
+  // batch is microbatches m = 0 .. grad_accum × dp − 1 of the one stream; data rank r trains
+  // m = a·dp + r for a = 0 .. grad_accum − 1 and reads past the others' (so one process with
+  // accumulation and any data-parallel layout of the same global batch see the same rows).
   const double t0 = cpu::now_seconds();
+  const int64_t dp = dims_.batch();
   for (int64_t a = 0; a < grad_accum_; ++a)
-    loader_->next(input_.data() + a * mb_tokens, labels_.data() + a * mb_tokens,
-                  positions_.data() + a * mb_tokens);
+    for (int64_t r = 0; r < dp; ++r) {
+      const bool mine = r == mesh_.batch_rank;
+      if (!mine) skip_.resize(static_cast<size_t>(3 * mb_tokens));
+      int32_t *in = mine ? input_.data() + a * mb_tokens : skip_.data(),
+              *lab = mine ? labels_.data() + a * mb_tokens : skip_.data() + mb_tokens,
+              *pos = mine ? positions_.data() + a * mb_tokens : skip_.data() + 2 * mb_tokens;
+      loader_->next(in, lab, pos);
+    }
   data_time_ = cpu::now_seconds() - t0;
   int64_t valid = 0;
   for (int64_t i = 0; i < grad_accum_ * mb_tokens; ++i) valid += labels_[i] != ops::kIgnoreIndex;
@@ -742,24 +753,16 @@ void Trainer::resume_data(const ckpt::TrainState& st) {
               " has no dataloader position; the data order restarts from the first document");
     return;
   }
-  nlohmann::json mine = st.dataloader;  // this rank's position
-  const int64_t dp = dims_.batch();
-  if (mine.is_object() && mine.contains("dp_ranks")) {
-    const nlohmann::json& all = mine["dp_ranks"];
-    if (!all.is_array() || static_cast<int64_t>(all.size()) != dp) {
-      log::warn(st.path + " was saved by " + std::to_string(all.size()) +
-                " data-parallel ranks, this run has " + std::to_string(dp) +
-                "; the data order restarts from the first document");
-      return;
-    }
-    mine = all[static_cast<size_t>(mesh_.batch_rank)];
-  } else if (dp > 1) {
-    log::warn(st.path + " was saved by one process, this run has " + std::to_string(dp) +
-              " data-parallel ranks; the data order restarts from the first document");
+  // The position in the one global stream (build_data), whatever the layout that saved it.
+  const nlohmann::json& pos = st.dataloader;
+  if (pos.is_object() && pos.contains("dp_ranks")) {  // an older per-rank split
+    log::warn(st.path +
+              " holds a data position per data-parallel rank (each reading its own documents), "
+              "which this titan no longer uses; the data order restarts from the first document");
     return;
   }
   try {
-    loader_->restore(mine);
+    loader_->restore(pos);
   } catch (const Error& e) {
     throw Error(st.path + ": " + e.what());
   }
@@ -772,12 +775,8 @@ void Trainer::maybe_checkpoint() {
   st.step = step_;
   st.tokens_seen = tokens_seen_;
   st.optimizer_state_dtype = cfg_.optimizer.moments_dtype();
-  st.dataloader = loader_->state();
+  st.dataloader = loader_->state();  // the same on every rank (one global stream)
   st.data = data_settings();
-  // Data parallel: every rank's data position goes into the train state.
-  if (dims_.batch() > 1)
-    st.dataloader = {{"dp_world", dims_.batch()},
-                     {"dp_ranks", gather_json(*mesh_.batch, st.dataloader)}};
   const bool model_only = last && cfg_.checkpoint.last_save_model_only;
   if (sliced() && model_only) {  // the whole model (every slice gathered), written by rank 0
     export_sliced(st, last);

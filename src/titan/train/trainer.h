@@ -154,6 +154,7 @@ class Trainer {
     Codec codec{t.state_};
   };
   Buffer<int32_t> input_, labels_, positions_;  // all microbatches of one step
+  std::vector<int32_t> skip_;                   // the other data ranks' microbatches, read past
   optim::AdamWConfig adamw_;
   optim::LRSchedule sched_;
   int64_t step_ = 0, grad_accum_ = 1, tokens_seen_ = 0;
