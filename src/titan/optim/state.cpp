@@ -111,23 +111,27 @@ void AdamWState::step_range(const Kernels& k, float* p, const float* g, int64_t 
                  lr, step);
     return;
   }
+  check_kernels_for(k, dtype_);
   if (dtype_ == DType::I8) {
-    check(k.adamw_step_q8 != nullptr,
-          "optimizer.state_dtype int8: device " + k.device +
-              " has no AdamW kernel for 8-bit moments; use optimizer.state_dtype bfloat16");
     const auto [b0, b1] = blocks_of(begin, len);
     k.adamw_step_q8(p - begin, g - begin, static_cast<uint8_t*>(m()), static_cast<uint8_t*>(v()),
                     absmax_m_.data() + b0, absmax_v_.data() + b0, begin_.data() + b0, b1 - b0, c,
                     lr, step);
     return;
   }
-  check(k.adamw_step_bf16 != nullptr,
-        "optimizer.state_dtype bfloat16: device " + k.device +
-            " has no AdamW kernel for bfloat16 moments; use optimizer.state_dtype float32");
   // The rounding bits of element i hash key + i·φ (optim/adamw_math.h sr_bits): shifting the key
   // by begin·φ gives the range the bits its elements have in the whole array.
   k.adamw_step_bf16(p, g, static_cast<uint16_t*>(m()) + begin, static_cast<uint16_t*>(v()) + begin,
                     len, c, lr, step, key + static_cast<uint64_t>(begin) * kGoldenGamma);
+}
+
+void check_kernels_for(const Kernels& k, DType dtype) {
+  check(dtype != DType::I8 || k.adamw_step_q8 != nullptr,
+        "optimizer.state_dtype int8: device " + k.device +
+            " has no AdamW kernel for 8-bit moments; use optimizer.state_dtype bfloat16");
+  check(dtype != DType::BF16 || k.adamw_step_bf16 != nullptr,
+        "optimizer.state_dtype bfloat16: device " + k.device +
+            " has no AdamW kernel for bfloat16 moments; use optimizer.state_dtype float32");
 }
 
 DType state_dtype(const std::string& name) {

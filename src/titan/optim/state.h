@@ -68,6 +68,10 @@ class AdamWState {
   std::vector<int64_t> host_begin_;
 };
 
+// Throws titan::Error, naming optimizer.state_dtype, when the kernels k lack the update for moments
+// in dtype.
+void check_kernels_for(const Kernels& k, DType dtype);
+
 // optimizer.state_dtype's spelling ("float32", "bfloat16", "int8") to its dtype (I8 for int8);
 // throws titan::Error for another.
 DType state_dtype(const std::string& name);

@@ -351,9 +351,7 @@ void Trainer::build_optimizer_state(const ops::Backend& backend) {
         dims_.ep > 1 ? (efsdp_group_ ? efsdp_group_.get() : mesh_.efsdp.get()) : nullptr);
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
   const DType dtype = optim::state_dtype(cfg_.optimizer.moments_dtype());
-  check(dtype != DType::I8 || opt_->adamw_step_q8,
-        "optimizer.state_dtype int8: device " + t.device +
-            " has no AdamW kernel for 8-bit moments; use optimizer.state_dtype bfloat16");
+  optim::check_kernels_for(*opt_, dtype);  // refused before anything is allocated
   // Where each parameter, or the piece of one this rank's shard holds, starts in the state (the
   // 8-bit blocks start there).
   std::vector<int64_t> starts;
