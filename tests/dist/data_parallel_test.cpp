@@ -592,6 +592,22 @@ TEST(DataParallel8bit, DdpLikeOneProcessFsdpCloseAndResumesBitwise) {
     EXPECT_EQ(resumed[s]["loss"].get<double>(), fsdp[s + 2]["loss"].get<double>()) << s + 3;
 }
 
+// Under mpirun each rank's stdout is a pseudo-terminal, though the job's output is a pipe or a
+// file here: no colour codes unless FORCE_COLOR asks for them; NO_COLOR wins over both.
+TEST(DataParallelLogs, NoColourUnderMpirunUnlessAsked) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const std::string dir = fresh_temp_dir("dp_colour");
+  const std::string docs = write_docs(dir);
+  const auto run = [&](const std::string& name, const std::string& env) {
+    const ShellRun r = sh(mpirun(2, env) + job(docs, dir + "/" + name, false, 1));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.out.find("\x1b[") != std::string::npos;
+  };
+  EXPECT_FALSE(run("plain", ""));
+  EXPECT_TRUE(run("forced", "-x FORCE_COLOR=1"));
+  EXPECT_FALSE(run("no_color", "-x FORCE_COLOR=1 -x NO_COLOR=1"));
+}
+
 TEST(DataParallelErrors, LayoutThatDoesNotMatchTheRanks) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   const std::string dir = fresh_temp_dir("dp_bad_layout");

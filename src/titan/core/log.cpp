@@ -4,12 +4,28 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string>
 
 namespace titan::log {
 namespace {
-bool g_color = isatty(STDOUT_FILENO) != 0;
+bool set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+// Colour only for a person at a terminal: never with NO_COLOR; always with FORCE_COLOR; under
+// mpirun (whose launcher makes each rank's stdout a pseudo-terminal, though the job's output is
+// usually a file) only when asked with FORCE_COLOR; else when stdout is a terminal.
+bool color_wanted() {
+  if (set("NO_COLOR")) return false;
+  if (set("FORCE_COLOR")) return true;
+  if (set("OMPI_COMM_WORLD_SIZE") || set("PMIX_RANK") || set("PMI_RANK")) return false;
+  return isatty(STDOUT_FILENO) != 0;
+}
+
+bool g_color = color_wanted();
 int g_rank = 0, g_world = 1;
 
 std::string stamp_now() {
@@ -42,7 +58,7 @@ void set_rank(int rank, int world) {
   g_rank = rank;
   g_world = world;
 }
-void set_color(bool enabled) { g_color = enabled && isatty(STDOUT_FILENO) != 0; }
+void set_color(bool enabled) { g_color = enabled && color_wanted(); }
 bool color() { return g_color; }
 bool prints_info() { return g_rank == 0; }
 bool interactive() { return isatty(STDOUT_FILENO) != 0; }

@@ -6,8 +6,9 @@ namespace titan::log {
 
 void info(const std::string& msg);
 void warn(const std::string& msg);
-// Colors on the console (torchtitan's metrics colors); off when stdout is not a TTY or when
-// disabled.
+// Colors on the console (torchtitan's metrics colors): off when disabled
+// (metrics.disable_color_printing), with NO_COLOR set, when stdout is not a terminal, and under
+// mpirun unless FORCE_COLOR is set.
 void set_color(bool enabled);
 // Multi-rank runs (set once at start): info lines come from rank 0 only; warnings from every rank,
 // prefixed "[rank R]".
