@@ -18,11 +18,12 @@ bool set(const char* name) {
 // Colour only for a person at a terminal: never with NO_COLOR; always with FORCE_COLOR; under
 // mpirun (whose launcher makes each rank's stdout a pseudo-terminal, though the job's output is
 // usually a file) only when asked with FORCE_COLOR; else when stdout is a terminal.
+bool under_mpirun() { return set("OMPI_COMM_WORLD_SIZE") || set("PMIX_RANK") || set("PMI_RANK"); }
+
 bool color_wanted() {
   if (set("NO_COLOR")) return false;
   if (set("FORCE_COLOR")) return true;
-  if (set("OMPI_COMM_WORLD_SIZE") || set("PMIX_RANK") || set("PMI_RANK")) return false;
-  return isatty(STDOUT_FILENO) != 0;
+  return !under_mpirun() && isatty(STDOUT_FILENO) != 0;
 }
 
 bool g_color = color_wanted();
@@ -61,7 +62,7 @@ void set_rank(int rank, int world) {
 void set_color(bool enabled) { g_color = enabled && color_wanted(); }
 bool color() { return g_color; }
 bool prints_info() { return g_rank == 0; }
-bool interactive() { return isatty(STDOUT_FILENO) != 0; }
+bool interactive() { return !under_mpirun() && isatty(STDOUT_FILENO) != 0; }
 void progress_line(const std::string& msg, bool done) {
   if (g_rank != 0) return;
   // \033[K clears what a longer earlier line left.

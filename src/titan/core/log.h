@@ -19,7 +19,8 @@ bool prints_info();
 // A progress line on an interactive console: "\r[titan] ... msg" rewritten in place (done:
 // ends the line). Rank 0 only.
 void progress_line(const std::string& msg, bool done);
-// Whether stdout is an interactive terminal.
+// Whether stdout is an interactive terminal (not under mpirun, whose ranks write to
+// pseudo-terminals whatever the job's output is).
 bool interactive();
 
 }  // namespace titan::log
