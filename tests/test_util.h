@@ -15,6 +15,22 @@
 
 namespace titan::testing {
 
+// Every mpirun a test process starts keeps its session files under a directory of that process's
+// own (OMPI_MCA_orte_tmpdir_base, inherited): two tests starting mpirun at the same moment (ctest
+// -j2) otherwise race to create the shared /tmp/ompi.HOST.UID and one launch fails. Removed at
+// exit.
+inline const bool kOwnMpiSessionDir = [] {
+  char tmpl[] = "/tmp/titan-ompi-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return false;
+  static const std::string dir = tmpl;
+  ::setenv("OMPI_MCA_orte_tmpdir_base", dir.c_str(), 1);
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  });
+  return true;
+}();
+
 #ifdef TITAN_BINARY
 // The titan binary run with `args` (a shell string), in the working directory cwd (empty: the
 // test's): its exit code and stdout+stderr together.
