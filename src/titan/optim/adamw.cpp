@@ -111,8 +111,10 @@ TITAN_CLONES void adamw_block_q8(float* p, const float* g, uint8_t* m, uint8_t* 
                                  float& absmax_v, int64_t n, const AdamWConsts c, const Q8Table& tm,
                                  const Q8Table& tv) {
   float mb[kQ8Block], vb[kQ8Block];  // [0, n) written below, then read (GCC sees no bound)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
   const float am = absmax_m, av = absmax_v;
   for (int64_t i = 0; i < n; ++i) {
     float mi = tm.map[m[i]] * am, vi = tv.map[v[i]] * av;
@@ -125,7 +127,9 @@ TITAN_CLONES void adamw_block_q8(float* p, const float* g, uint8_t* m, uint8_t* 
   absmax_v = top_v;
   tm.encode_block(mb, n, top_m, m);
   tv.encode_block(vb, n, top_v, v);
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 }
 
 // bitsandbytes' create_dynamic_map in torch's float32 arithmetic: for exponents 10^-6 .. 10^0,
