@@ -3,13 +3,31 @@
 #include <algorithm>
 
 #include "titan/core/dtype.h"
+#include "titan/core/error.h"
 #include "titan/ops/backend.h"
+#include "titan/optim/adamw_math.h"
 
 namespace titan::models {
 
 ParamStore::ParamStore(Layout layout, Options o, const ops::Backend& be)
     : lay_(std::move(layout)), o_(o), be_(be) {
   stale_.assign(lay_.units.size(), 1);
+  check(!o_.bf16_masters || (o_.compute_copy && o_.trainable),
+        "bf16 master weights need a trainable model with a bf16 compute copy");
+}
+
+template <typename Fn>
+void ParamStore::for_copy_only(int64_t lo, int64_t hi, Fn&& fn) const {
+  for (const auto& r : lay_.copy_only) {
+    const int64_t b = std::max(lo, r.begin), e = std::min(hi, r.begin + r.len);
+    if (b < e) fn(b, e - b);
+  }
+}
+
+const float* ParamStore::param_data() const {
+  check(!masters_released_,
+        "the fp32 master weights are given back (bf16 masters); widen them first");
+  return params_.host();
 }
 
 void ParamStore::allocate() {
@@ -30,14 +48,26 @@ float* ParamStore::device_param_data() {
 
 void ParamStore::acquire(int64_t u, bool backward) {
   if (hooks_) hooks_->acquire(u, backward);
-  const auto i = static_cast<size_t>(u);
-  if (o_.compute_copy && stale_[i] &&
-      !masters_released_) {  // the unit's compute copy, remade after its weights changed
+  remake_copy(static_cast<size_t>(u));
+}
+
+void ParamStore::remake_copy(size_t i) {
+  if (o_.compute_copy && stale_[i]) {  // the unit's compute copy, remade after its weights changed
     const int64_t lo = std::max(lay_.units[i].begin, lay_.copy_base), hi = lay_.units[i].end;
-    if (lo < hi) {
-      uint16_t* copy = copy_.data() + (lo - lay_.copy_base);
-      commit(copy_.storage(), copy, 2 * static_cast<size_t>(hi - lo));
-      be_.to_bf16(params_.data() + lo, hi - lo, copy);
+    auto remake = [&](int64_t b, int64_t len) {
+      uint16_t* copy = copy_.data() + (b - lay_.copy_base);
+      commit(copy_.storage(), copy, 2 * static_cast<size_t>(len));
+      be_.to_bf16(params_.data() + b, len, copy);
+    };
+    if (lo < hi && !masters_released_) {
+      remake(lo, hi - lo);
+    } else if (lo < hi) {  // the copy-only ranges' copy is their master: the gaps between them
+      int64_t at = lo;
+      for_copy_only(lo, hi, [&](int64_t b, int64_t len) {
+        if (at < b) remake(at, b - at);
+        at = b + len;
+      });
+      if (at < hi) remake(at, hi - at);
     }
   }
   stale_[i] = 0;
@@ -75,10 +105,46 @@ int64_t ParamStore::master_bytes() const {
   return 4 * n;
 }
 
+float* ParamStore::update_begin(int64_t u) {
+  if (!masters_released_) return unit_param_data(u);
+  const ParamUnit& r = lay_.units[static_cast<size_t>(u)];
+  float* p = params_.data();
+  for_copy_only(r.begin, r.end, [&](int64_t b, int64_t len) {
+    to_f32(DType::BF16, copy_.data() + (b - lay_.copy_base), len, p + b);
+  });
+  stale_[static_cast<size_t>(u)] = 1;  // the rest of its copy is remade from the fp32 masters
+  return p;
+}
+
+void ParamStore::update_end(int64_t u, uint64_t key) {
+  if (!masters_released_) return;
+  const ParamUnit& r = lay_.units[static_cast<size_t>(u)];
+  float* p = params_.data();
+  for_copy_only(r.begin, r.end, [&](int64_t b, int64_t len) {
+    uint16_t* copy = copy_.data() + (b - lay_.copy_base);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < len; ++i)
+      copy[i] = optim::bf16_stochastic(p[b + i], optim::sr_bits(key, static_cast<uint64_t>(b + i)));
+    zero_and_release(p + b, len);
+  });
+}
+
+int64_t ParamStore::largest_widened_unit() const {
+  int64_t most = 0;
+  for (const auto& u : lay_.units) {
+    int64_t n = 0;
+    for_copy_only(u.begin, u.end, [&](int64_t, int64_t len) { n += len; });
+    most = std::max(most, n);
+  }
+  return most;
+}
+
 void ParamStore::release_masters() {
-  if (!o_.compute_copy || o_.trainable || masters_released_ || params_.on_device()) return;
+  if (!o_.compute_copy || (o_.trainable && !o_.bf16_masters) || masters_released_ ||
+      params_.on_device())
+    return;
   for (size_t u = 0; u < lay_.units.size(); ++u) {  // unit by unit: fp32 and copy never both whole
-    acquire(static_cast<int64_t>(u), false);
+    remake_copy(u);
     for (const auto& r : lay_.copy_only)
       if (r.begin >= lay_.units[u].begin && r.begin < lay_.units[u].end)
         zero_and_release(params_.data() + r.begin, r.len);

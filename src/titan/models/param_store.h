@@ -11,6 +11,12 @@
 // weights changed (param_data() for writing, unit_param_data, device_param_data); frozen,
 // release_masters() gives back the fp32 pages of the ranges read only through the copy.
 //
+// Pure bf16 (training.dtype bfloat16, Options::bf16_masters): trainable, and release_masters()
+// makes the copy the only master of those ranges (2 bytes per parameter instead of 6). An update
+// widens one unit's bf16 masters to fp32 (update_begin), updates them with the fp32 kernels and
+// rounds them back stochastically (update_end); the other ranges (norms, an untied embedding)
+// keep fp32 masters.
+//
 // Device. Built on a device's memory, the weights live there and param_data() is a host copy
 // kept in step (models/device_params.h); the gradients and the compute copy are device memory.
 // Sharded, the flat buffers are reserved address ranges with memory only behind held ranges.
@@ -72,6 +78,7 @@ class ParamStore {
     bool compute_copy = false;  // keep a bf16 compute copy
     bool trainable = true;      // false: frozen, no gradients
     bool sharded = false;       // reserved ranges held unit by unit (BuildOptions::sharded)
+    bool bf16_masters = false;  // trainable, the copy-only ranges' masters in bf16 (pure bf16)
   };
   // The layout and options only (a plan-only model's sizes); allocate() adds the storage in the
   // memory of be (whose to_bf16 makes the compute copy).
@@ -118,7 +125,9 @@ class ParamStore {
     mark_stale();
     return params_.host_writable();
   }
-  const float* param_data() const { return params_.host(); }
+  // Reading while the copy-only ranges' fp32 masters are given back (release_masters) throws:
+  // widen_masters() first.
+  const float* param_data() const;
   // Unit u's writable weights where the kernels read them (what FSDP gathers into; only that
   // unit's compute copy is remade).
   float* unit_param_data(int64_t u) {
@@ -141,9 +150,24 @@ class ParamStore {
   // give_back and its device memory given back, so that the host holds the whole weights while
   // the device holds one unit at a time. Nothing elsewhere.
   void give_back_device(int64_t begin, int64_t len) { params_.give_back_device(begin, len); }
-  // A frozen model under bf16: the copy made unit by unit and the copy-only ranges' fp32 pages
-  // given back; param_data() widens them back first.
+  // A frozen model under bf16, or a trainable one with bf16_masters: the copy made unit by unit
+  // and the copy-only ranges' fp32 pages given back; param_data() widens them back first.
   void release_masters();
+  bool masters_released() const { return masters_released_; }
+  // The most copy-only elements in one unit (what update_begin widens at most, bf16_masters).
+  int64_t largest_widened_unit() const;
+  // The fp32 masters whole again, widened from the copy (a checkpoint's read); release_masters()
+  // gives them back again.
+  void widen_masters() { restore_masters(); }
+  // One update of unit u's weights in place (an optimizer step): update_begin returns the fp32
+  // weights (the whole array; unit u's range valid and writable), update_end ends it. With
+  // released bf16 masters, u's copy-only ranges are widened into fp32 pages by update_begin and
+  // rounded back into the copy by update_end, stochastically: element i's random bits are
+  // adamw_math.h's sr_bits(key, i), i its flat offset (the same for any unit order and thread
+  // count), and the fp32 pages are given back. Otherwise update_begin is unit_param_data(u) and
+  // update_end does nothing.
+  float* update_begin(int64_t u);
+  void update_end(int64_t u, uint64_t key);
   // Bytes of the fp32 weights held (after release_masters: those still read in fp32), and of
   // the compute copy.
   int64_t master_bytes() const;
@@ -153,6 +177,12 @@ class ParamStore {
 
  private:
   void restore_masters();
+  // Unit i's compute copy remade from its fp32 weights if they changed (acquire, without the
+  // hooks).
+  void remake_copy(size_t i);
+  // Calls fn(begin, len) for each copy-only range's part inside [lo, hi), in order.
+  template <typename Fn>
+  void for_copy_only(int64_t lo, int64_t hi, Fn&& fn) const;
 
   Layout lay_;
   Options o_;
