@@ -33,15 +33,22 @@ double g_peak = 0, g_peak_bf16 = 0;  // fp32 and bf16 GEMM FLOP/s measured at st
 using titan::DType;
 
 // moments: the AdamW moments' dtype; in_backward: optimizer.early_step_in_backward (each unit
-// updated as its gradient completes, no clipping) instead of norm, clip and step at the end.
+// updated as its gradient completes, no clipping) instead of norm, clip and step at the end;
+// bf16_masters: training.dtype bfloat16 (the projections' masters are their bf16 copy; with
+// in_backward).
 // One untimed step first, so that every case starts with its buffers' pages in place.
 void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64_t batch,
                     int64_t seq, titan::models::AcPolicy ac = {}, DType compute = DType::F32,
-                    DType moments = DType::F32, bool in_backward = false) {
-  titan::qwen3::Qwen3Model m(args,
-                             {.max_batch = batch, .max_seq = seq, .ac = ac, .compute = compute});
+                    DType moments = DType::F32, bool in_backward = false,
+                    bool bf16_masters = false) {
+  titan::qwen3::Qwen3Model m(args, {.max_batch = batch,
+                                    .max_seq = seq,
+                                    .ac = ac,
+                                    .compute = compute,
+                                    .bf16_masters = bf16_masters});
   const double peak = compute == DType::BF16 ? g_peak_bf16 : g_peak;
   m.init_weights(0);
+  if (bf16_masters) m.store().release_masters();
   const int64_t T = batch * seq;
   std::vector<int32_t> input(T), labels(T), positions(T);
   std::mt19937 rng(0);
@@ -62,7 +69,7 @@ void run_step_bench(benchmark::State& state, titan::qwen3::Qwen3Args args, int64
     ++step;
     titan::ops::LossSum s;
     if (in_backward) {
-      hooks.begin_step(8e-4f, step, static_cast<uint64_t>(step));
+      hooks.begin_step(8e-4f, step, static_cast<uint64_t>(step), static_cast<uint64_t>(step));
       s = m.forward_backward(b, 1.0f / static_cast<float>(T));
       m.finish_step();
     } else {
@@ -153,6 +160,13 @@ void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state(benchmark::State& s) {
 }
 void BM_qwen3_0_6B_2layer_s2048_bf16_bf16state_in_backward(benchmark::State& s) {
   run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::BF16, true);
+}
+// training.dtype bfloat16 with 8-bit moments and the step in the backward: the leanest state.
+void BM_qwen3_0_6B_2layer_s2048_bf16_int8state_in_backward(benchmark::State& s) {
+  run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::I8, true);
+}
+void BM_qwen3_0_6B_2layer_s2048_bf16masters_int8state_in_backward(benchmark::State& s) {
+  run_step_bench(s, with_layers("0.6B", 2), 1, 2048, {}, DType::BF16, DType::I8, true, true);
 }
 // optimizer.state_dtype int8: 8-bit block-wise moments (bitsandbytes' AdamW8bit).
 void BM_qwen3_0_6B_2layer_s2048_bf16_int8state(benchmark::State& s) {
@@ -256,6 +270,14 @@ BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_bf16state_in_backward)
     ->Iterations(3)
     ->UseRealTime();
 BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_int8state)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16_int8state_in_backward)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_qwen3_0_6B_2layer_s2048_bf16masters_int8state_in_backward)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseRealTime();

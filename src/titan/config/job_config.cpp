@@ -541,12 +541,12 @@ void validate(const JobConfig& c) {
   check(t.mixed_precision_reduce == "float32",
         "training.mixed_precision_reduce '" + t.mixed_precision_reduce +
             "' is not supported; gradients are reduced in float32 (use float32)");
-  check(t.dtype == "float32",
-        t.dtype == "bfloat16"
-            ? std::string("training.dtype bfloat16 (pure-bf16 master weights) is not implemented; "
-                          "use float32 master weights with training.mixed_precision_param "
-                          "bfloat16")
-            : "training.dtype '" + t.dtype + "' is not a known dtype; use float32");
+  check(t.dtype == "float32" || t.dtype == "bfloat16",
+        "training.dtype '" + t.dtype + "' is not a known dtype; use float32 or bfloat16");
+  check(t.dtype == "float32" || t.mixed_precision_param == "bfloat16",
+        "training.dtype bfloat16 (bf16 master weights) computes in bf16, but "
+        "training.mixed_precision_param is '" +
+            t.mixed_precision_param + "'; set it to bfloat16");
   check(!t.device.empty(), "training.device is empty; use cpu or cuda");
   check(t.global_batch_size == -1 || t.global_batch_size > 0,
         "training.global_batch_size must be positive (or -1: local_batch_size × data-parallel "

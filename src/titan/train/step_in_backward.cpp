@@ -29,10 +29,11 @@ StepInBackward::StepInBackward(models::ParamStore& store, optim::AdamWState& sta
       replicate_(replicate),
       replicated_(std::move(replicated)) {}
 
-void StepInBackward::begin_step(float lr, int64_t step, uint64_t key) {
+void StepInBackward::begin_step(float lr, int64_t step, uint64_t key, uint64_t weight_key) {
   lr_ = lr;
   step_ = step;
   key_ = key;
+  weight_key_ = weight_key;
   sq_[0] = sq_[1] = 0;
   updated_ = 0;
   failed_ = false;
@@ -54,8 +55,9 @@ void StepInBackward::acquire(int64_t u, bool backward) {
 
 void StepInBackward::grads_ready(int64_t u) {
   const models::ParamUnit& r = store_.units()[static_cast<size_t>(u)];
-  if (apply(store_.unit_param_data(u), store_.grads(), r.begin, r.end - r.begin))
-    store_.give_back(models::ParamStore::Flat::grads, r.begin, r.end - r.begin);
+  const bool done = apply(store_.update_begin(u), store_.grads(), r.begin, r.end - r.begin);
+  store_.update_end(u, weight_key_);
+  if (done) store_.give_back(models::ParamStore::Flat::grads, r.begin, r.end - r.begin);
 }
 
 void StepInBackward::shard_ready(float* p, float* g, int64_t at, int64_t len) {

@@ -41,8 +41,9 @@ class StepInBackward final : public models::ParamHooks {
                  std::vector<models::FlatRange> replicated);
 
   // The update every unit of the coming backward gets: its learning rate, the step number (from
-  // 1) and the rounding key (bf16 moments).
-  void begin_step(float lr, int64_t step, uint64_t key);
+  // 1) and the rounding keys of the bf16 moments and of the bf16 master weights
+  // (ParamStore::update_end).
+  void begin_step(float lr, int64_t step, uint64_t key, uint64_t weight_key);
   // After the backward: this rank's Σg² of its not-replicated and replicated elements, and how
   // many units were updated (all of them unless a gradient was not finite).
   const double* sum_squares() const { return sq_; }
@@ -73,7 +74,7 @@ class StepInBackward final : public models::ParamHooks {
   std::vector<models::FlatRange> replicated_;
   float lr_ = 0;
   int64_t step_ = 0, updated_ = 0;
-  uint64_t key_ = 0;
+  uint64_t key_ = 0, weight_key_ = 0;
   double sq_[2] = {0, 0};
   bool backward_follows_ = false, head_seen_ = false, failed_ = false;
 };

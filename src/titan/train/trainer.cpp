@@ -33,7 +33,8 @@ namespace titan::train {
 namespace {
 
 // The random stream of the optimizer's stochastic rounding (plus the world rank).
-constexpr uint64_t kRoundingStream = 0x5352000000000000ull;
+constexpr uint64_t kRoundingStream = 0x5352000000000000ull;        // bf16 moments
+constexpr uint64_t kWeightRoundingStream = 0x5357000000000000ull;  // bf16 master weights
 
 // Whether two dataloader.tokenizer values name the same tokenizer (equal, or the same directory
 // written differently).
@@ -130,6 +131,14 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   build_model(*shape, bo, backend);
   build_optimizer_state(backend);
   const std::optional<ckpt::TrainState> loaded = load_weights(bo.seed);
+  if (t.dtype == "bfloat16") {  // the projections' masters become their bf16 copy, unit by unit
+    model_->store().release_masters();
+    if (rank0())
+      log::info(
+          "Master weights: bf16 for the projections (updated with stochastic rounding), "
+          "fp32 for the norms, the embedding and the MoE experts (training.dtype "
+          "bfloat16)");
+  }
   if (tp_) find_replicated();
   log_layout();
   if (const auto& st = loaded) {
@@ -214,6 +223,19 @@ void Trainer::setup_parallelism() {
                       : "training.device " + device + " on " + n + " ranks: " + dev.no_collectives);
     if (dev.select) dev.select(local_rank());
   }
+  if (cfg_.training.dtype == "bfloat16") {
+    const std::string what = "training.dtype bfloat16 (bf16 master weights) ";
+    check(dev.host, what + "runs on the CPU only; on " + device +
+                        " keep float32 masters with training.mixed_precision_param bfloat16");
+    check(!dims_.sharded(), what + "with FSDP (parallelism.data_parallel_shard_degree " +
+                                std::to_string(dims_.dp_shard) +
+                                ") is not implemented; use data_parallel_replicate_degree or "
+                                "float32 masters");
+    check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
+          what +
+              "does not apply to LoRA: its frozen base is already kept as the bf16 copy "
+              "under training.mixed_precision_param bfloat16; set training.dtype float32");
+  }
   mesh_ = dist::make_meshes(dims_, dist::world());
   // On a device the gradients, parameters, dispatched rows and activations move over its own
   // collectives (NCCL on GPUs).
@@ -242,7 +264,10 @@ models::BuildOptions Trainer::build_options() const {
   // weights, gradients (but one unit's under early_step_in_backward without FSDP, which keeps
   // its gradient shard), the two AdamW moments, and the bf16 compute copy
   const bool grads_by_unit = cfg_.optimizer.early_step_in_backward && !dims_.sharded();
-  bo.bytes_per_param = 4 + (grads_by_unit ? 0 : 4) +
+  // (training.dtype bfloat16: the projections' bf16 copy is their master; the fp32 rest is
+  // counted exactly by the memory plan)
+  const bool pure_bf16 = t.dtype == "bfloat16";
+  bo.bytes_per_param = (pure_bf16 ? 0 : 4) + (grads_by_unit ? 0 : 4) +
                        (cfg_.optimizer.moments_dtype() == "bfloat16" ? 4
                         : cfg_.optimizer.moments_dtype() == "int8"   ? 2
                                                                      : 8) +
@@ -565,7 +590,8 @@ StepResult Trainer::step() {
       ep_buffers_ ? parallel::dispatch_seconds(*ep_buffers_) : parallel::DispatchSeconds{};
   r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
   if (step_in_backward_)
-    step_in_backward_->begin_step(static_cast<float>(r.lr), step_ + 1, rounding_key(step_ + 1));
+    step_in_backward_->begin_step(static_cast<float>(r.lr), step_ + 1, rounding_key(step_ + 1),
+                                  rounding_key(step_ + 1, /*weights=*/true));
   if (fsdp_)
     fsdp_->begin_step();        // the model's gradients are already zero (given back by each unit)
   else if (!step_in_backward_)  // (each unit's gradient was given back after its update)
@@ -674,7 +700,8 @@ void Trainer::reduce_and_update(StepResult& r) {
                   static_cast<long long>(step_ + 1), r.loss, r.grad_norm);
     // Before blaming the learning rate: are the weights themselves bad, or is this the first
     // step of the run (no update yet)?
-    if (fsdp_) fsdp_->gather_all();  // on every rank: the norm agreed
+    if (fsdp_) fsdp_->gather_all();   // on every rank: the norm agreed
+    model_->store().widen_masters();  // bf16 masters: read as fp32
     const std::string bad = describe_nonfinite_weights(*model_);
     const std::string origin = resumed_ ? "the checkpoint resumed at step " +
                                               std::to_string(first_step_) + " (in " +
@@ -700,16 +727,31 @@ void Trainer::reduce_and_update(StepResult& r) {
     if (fsdp_) fsdp_->reshard_all();  // the masters changed in the backward
     return;
   }
-  float* params = fsdp_ ? fsdp_->master() : model_->store().device_param_data();
+  models::ParamStore& store = model_->store();
+  if (!fsdp_ && store.masters_released()) {  // bf16 masters: widened, updated, rounded per unit
+    for (size_t u = 0; u < store.units().size(); ++u) {
+      const models::ParamUnit& un = store.units()[u];
+      float* p = store.update_begin(static_cast<int64_t>(u));
+      state_.step_range(*opt_, p, shard_grad, un.begin, un.end - un.begin, adamw_,
+                        static_cast<float>(r.lr), step_, rounding_key(step_));
+      store.update_end(static_cast<int64_t>(u), rounding_key(step_, /*weights=*/true));
+    }
+    return;
+  }
+  float* params = fsdp_ ? fsdp_->master() : store.device_param_data();
   state_.step(*opt_, params, shard_grad, adamw_, static_cast<float>(r.lr), step_,
               rounding_key(step_));
   if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
 }
 
-uint64_t Trainer::rounding_key(int64_t step) const {
+uint64_t Trainer::rounding_key(int64_t step, bool weights) const {
   const uint64_t seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
-  return random_u64(seed, kRoundingStream + static_cast<uint64_t>(dist::world().rank()),
-                    static_cast<uint64_t>(step));
+  // One stream per shard, the same on its replicas (DDP/HSDP: equal updates keep them equal):
+  // the replicas are the outermost dimension, so a rank's shard is its rank within replica 0.
+  const int64_t shard = dist::world().rank() % (dims_.world / dims_.dp_replicate);
+  return random_u64(
+      seed, (weights ? kWeightRoundingStream : kRoundingStream) + static_cast<uint64_t>(shard),
+      static_cast<uint64_t>(step));
 }
 
 nlohmann::json Trainer::data_settings() const {
@@ -769,6 +811,17 @@ void Trainer::resume_data(const ckpt::TrainState& st) {
 void Trainer::maybe_checkpoint() {
   const bool last = step_ == cfg_.training.steps;
   if (!checkpointer_->due(step_, last)) return;  // the same decision on every rank
+  // bf16 masters: saved widened to fp32 (exact), given back after the save.
+  struct Widened {
+    models::ParamStore& s;
+    bool on = s.masters_released();
+    explicit Widened(models::ParamStore& st) : s(st) {
+      if (on) s.widen_masters();
+    }
+    ~Widened() {
+      if (on) s.release_masters();
+    }
+  } widened(model_->store());
   ckpt::TrainState st;
   st.step = step_;
   st.tokens_seen = tokens_seen_;
@@ -979,7 +1032,8 @@ ValidationResult Trainer::validate() {
   const ValidationResult v = validator_->validate(*model_, *mesh_.batch);
   if (std::isfinite(v.loss)) return v;
   // Not a number to log and train on: stop, saying whether the weights are to blame.
-  if (fsdp_) fsdp_->gather_all();  // on every rank: the loss is the same all-reduced value
+  if (fsdp_) fsdp_->gather_all();   // on every rank: the loss is the same all-reduced value
+  model_->store().widen_masters();  // bf16 masters: read as fp32
   const std::string bad = describe_nonfinite_weights(*model_);
   if (fsdp_) fsdp_->reshard_all();
   throw Error(

@@ -83,8 +83,8 @@ class Trainer {
   // process every group has one rank.
   void reduce_and_update(StepResult& r);
   bool rank0() const { return dist::world().rank() == 0; }
-  // The stochastic rounding's random stream of a step on this rank (bf16 moments).
-  uint64_t rounding_key(int64_t step) const;
+  // The stochastic rounding's key of a step: of the bf16 moments, or of the bf16 master weights.
+  uint64_t rounding_key(int64_t step, bool weights = false) const;
 
   config::JobConfig cfg_;
   dist::ParallelDims dims_;

@@ -54,6 +54,7 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, Qwen3Options opt)
       dev_(!mem_.host()),
       bf16_(opt.compute == DType::BF16),
       trainable_(opt.trainable),
+      bf16_masters_(opt.bf16_masters),
       max_tokens_(opt.max_batch * opt.max_seq),
       max_batch_(opt.max_batch),
       max_seq_(opt.max_seq),
@@ -148,7 +149,8 @@ void Qwen3Model::lay_out_params(bool sharded) {
   // The store: a bf16 compute copy of all but an untied embedding (which is only looked up).
   models::ParamStore::Layout lay{off, models::param_units(params_),
                                  bf16_ && !a_.tie_embeddings ? vl_ * D : 0, copy_only_ranges()};
-  store_.emplace(std::move(lay), models::ParamStore::Options{bf16_, trainable_, sharded}, be_);
+  store_.emplace(std::move(lay),
+                 models::ParamStore::Options{bf16_, trainable_, sharded, bf16_masters_}, be_);
 }
 
 // The per-layer RoPE and experts ops (the built-ins where none was chosen), each on this
@@ -901,7 +903,7 @@ int64_t Qwen3Model::forward_cached(models::KvCache& kc, const int32_t* tokens, c
 
 std::vector<models::FlatRange> Qwen3Model::copy_only_ranges() const {
   std::vector<models::FlatRange> r;
-  if (!bf16_ || trainable_) return r;
+  if (!bf16_ || (trainable_ && !bf16_masters_)) return r;
   const int64_t D = a_.dim, F = f_;
   for (const Layer& w : layers_) {
     r.push_back({w.wqkv, qkv_ * D});

@@ -82,6 +82,9 @@ struct Qwen3Options {
   models::TpSlice tp{};   // the slice of the parallel layout (parallelize.h); whole by default
   std::string device = "cpu";
   bool sharded = false;  // models::BuildOptions::sharded
+  // training.dtype bfloat16: the projections' masters are their bf16 compute copy
+  // (models/param_store.h Options::bf16_masters); needs compute BF16 and trainable.
+  bool bf16_masters = false;
 };
 
 class Qwen3Model final : public models::Model,
@@ -287,6 +290,7 @@ class Qwen3Model final : public models::Model,
   std::vector<double> counts_host_;  // fetch_counts' copy of counts_dev_
   bool bf16_ = false;                // mixed precision: GEMMs on the bf16 weight copy
   bool trainable_ = true;            // false: frozen, no gradients of the parameters
+  bool bf16_masters_ = false;        // Qwen3Options::bf16_masters
   models::LinearHooks* lin_hooks_ = nullptr;
   // The gradient of the parameter at offset `off`, or null when frozen.
   float* grad_at(int64_t off) { return store_->grad_at(off); }

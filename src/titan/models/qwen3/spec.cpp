@@ -152,6 +152,7 @@ models::ModelSpec model_spec() {
     m.experts_ops = std::move(experts);
     m.allocate = o.allocate, m.ac = o.ac, m.compute = compute, m.trainable = o.trainable;
     m.tp = o.tp, m.device = o.device, m.sharded = o.sharded;
+    m.bf16_masters = o.trainable && c.training.dtype == "bfloat16";
     return std::make_unique<Qwen3Model>(a, std::move(m));
   };
   s.parallelize = parallelize;
