@@ -164,6 +164,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       in_backward = std::max(in_backward, unit_local[i]);
     in_backward = 4 * (in_backward + (tied ? unit_local[0] : 0));
   }
+  // training.dtype bfloat16 (one process, DDP, TP): the projections' masters are their bf16
+  // compute copy (its line below); fp32 masters remain for the rest (ParamStore::master_bytes),
+  // and each update widens one unit's bf16 masters to fp32.
+  const bool pure_bf16 = t.dtype == "bfloat16" && dp_shard == 1;
+  const double local_share =
+      static_cast<double>(local) / static_cast<double>(std::max<int64_t>(1, whole));
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
@@ -171,7 +177,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       {bf16 ? "frozen base weights (fp32 norms, embedding; LoRA)"
             : "frozen base weights (fp32; LoRA)",
        models::frozen_bytes(m)},
-      {split ? "parameters (fp32 master" + shard : "parameters (fp32 master)", ps},
+      pure_bf16
+          ? MemoryPlan::Line{"parameters (fp32 masters: norms, embedding, experts)",
+                             static_cast<int64_t>(static_cast<double>(m.store().master_bytes()) *
+                                                  local_share)}
+          : MemoryPlan::Line{split ? "parameters (fp32 master" + shard : "parameters (fp32 master)",
+                             ps},
       grads_by_unit
           ? MemoryPlan::Line{"gradients (fp32; one unit at a time, early_step_in_backward)",
                              in_backward}
@@ -181,10 +192,14 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
        state_bytes},
   };
   if (bf16 && dp_shard == 1)  // FSDP: per unit, in the gathered units' line
-    plan.lines.push_back({"bf16 compute copy of the weights",
-                          static_cast<int64_t>(static_cast<double>(models::compute_copy_bytes(m)) *
-                                               static_cast<double>(local) /
-                                               static_cast<double>(std::max<int64_t>(1, whole)))});
+    plan.lines.push_back(
+        {"bf16 compute copy of the weights",
+         static_cast<int64_t>(static_cast<double>(models::compute_copy_bytes(m)) * local_share)});
+  if (pure_bf16)
+    plan.lines.push_back(
+        {"bf16 masters: one unit widened to fp32 for its update",
+         static_cast<int64_t>(4.0 * static_cast<double>(m.store().largest_widened_unit()) *
+                              local_share)});
   plan.lines.insert(
       plan.lines.end(),
       {
