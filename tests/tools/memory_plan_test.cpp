@@ -1,8 +1,8 @@
 // The memory plan against the process's measured peak RSS: within 10% for the real configured
 // shapes (debugmodel 4x256 in bf16 and fp32, with and without full AC; debugmodel_moe 2x128; a
 // 2-layer model of Qwen3-0.6B's widths at 1x2048 in bf16 with full AC, with fp32 or with the lean
-// state: bf16 moments and the optimizer step in the backward), and titan train refuses a plan
-// that cannot fit.
+// state: bf16 moments and the optimizer step in the backward, and with bf16 master weights too),
+// and titan train refuses a plan that cannot fit.
 #include "titan/tools/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -76,6 +76,16 @@ TEST(MemoryPlan, Qwen3_0_6BWidthTwoLayersSeq2048WithinTenPercentOfPeakRss) {
 // embedding's (the largest) held from the head's forward on, beside one layer's.
 TEST(MemoryPlan, Qwen3_0_6BWidthLeanStateWithinTenPercentOfPeakRss) {
   config::JobConfig c = qwen3_0_6b_two_layers();
+  c.optimizer.state_dtype = "int8";
+  c.optimizer.early_step_in_backward = true;
+  expect_plan_matches_peak(c);
+}
+
+// ... and bf16 master weights (training.dtype bfloat16): the layers' projections in bf16 only,
+// one unit widened at a time for its update.
+TEST(MemoryPlan, Qwen3_0_6BWidthBf16MastersWithinTenPercentOfPeakRss) {
+  config::JobConfig c = qwen3_0_6b_two_layers();
+  c.training.dtype = "bfloat16";
   c.optimizer.state_dtype = "int8";
   c.optimizer.early_step_in_backward = true;
   expect_plan_matches_peak(c);

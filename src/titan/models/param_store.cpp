@@ -5,7 +5,7 @@
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
 #include "titan/ops/backend.h"
-#include "titan/optim/adamw_math.h"
+#include "titan/optim/adamw.h"
 
 namespace titan::models {
 
@@ -121,10 +121,7 @@ void ParamStore::update_end(int64_t u, uint64_t key) {
   const ParamUnit& r = lay_.units[static_cast<size_t>(u)];
   float* p = params_.data();
   for_copy_only(r.begin, r.end, [&](int64_t b, int64_t len) {
-    uint16_t* copy = copy_.data() + (b - lay_.copy_base);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < len; ++i)
-      copy[i] = optim::bf16_stochastic(p[b + i], optim::sr_bits(key, static_cast<uint64_t>(b + i)));
+    optim::round_bf16_stochastic(p + b, len, key, b, copy_.data() + (b - lay_.copy_base));
     zero_and_release(p + b, len);
   });
 }

@@ -154,6 +154,9 @@ class ParamStore {
   // and the copy-only ranges' fp32 pages given back; param_data() widens them back first.
   void release_masters();
   bool masters_released() const { return masters_released_; }
+  // Options::bf16_masters, and the ranges whose masters are then bf16 (sorted, disjoint).
+  bool bf16_masters() const { return o_.bf16_masters; }
+  const std::vector<FlatRange>& copy_only() const { return lay_.copy_only; }
   // The most copy-only elements in one unit (what update_begin widens at most, bf16_masters).
   int64_t largest_widened_unit() const;
   // The fp32 masters whole again, widened from the copy (a checkpoint's read); release_masters()

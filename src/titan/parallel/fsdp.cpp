@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "titan/core/cpu.h"
+#include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/optim/adamw.h"
 
 namespace titan::parallel {
 
@@ -72,6 +74,54 @@ Fsdp::Fsdp(models::Model& model, const ops::Backend& be, dist::Communicator& gro
     scratch = std::max(scratch, n);
   }
   scratch_.resize(scratch, be.memory());
+  if (model.store().bf16_masters()) {
+    check(be.memory().host(), "FSDP: bf16 master weights are kept on the CPU only");
+    for (const Piece& u : pieces_)
+      for (const auto& r : model.store().copy_only()) {
+        const int64_t b = std::max(u.own, r.begin), e = std::min(u.own + mine(u), r.begin + r.len);
+        if (b < e) bf16_runs_.push_back({u.at + (b - u.own), b, e - b});
+      }
+    master16_.resize(shard_len_);  // pages only where written (the runs)
+  }
+}
+
+template <typename Fn>
+void Fsdp::for_bf16_runs(int64_t at, int64_t len, Fn&& fn) const {
+  for (const Bf16Run& r : bf16_runs_) {
+    const int64_t b = std::max(at, r.at), e = std::min(at + len, r.at + r.len);
+    if (b < e) fn(b, r.flat + (b - r.at), e - b);
+  }
+}
+
+void Fsdp::release_masters() {
+  if (released_ || bf16_runs_.empty()) return;
+  for (const Bf16Run& r : bf16_runs_) {
+    be_.to_bf16(master_.data() + r.at, r.len, master16_.data() + r.at);
+    zero_and_release(master_.data() + r.at, r.len);
+  }
+  released_ = true;
+}
+
+void Fsdp::widen_masters() {
+  if (!released_) return;
+  for (const Bf16Run& r : bf16_runs_)
+    to_f32(DType::BF16, master16_.data() + r.at, r.len, master_.data() + r.at);
+  released_ = false;
+}
+
+void Fsdp::update_begin(int64_t at, int64_t len) {
+  if (!released_) return;
+  for_bf16_runs(at, len, [&](int64_t a, int64_t, int64_t n) {
+    to_f32(DType::BF16, master16_.data() + a, n, master_.data() + a);
+  });
+}
+
+void Fsdp::update_end(int64_t at, int64_t len, uint64_t key) {
+  if (!released_) return;
+  for_bf16_runs(at, len, [&](int64_t a, int64_t flat, int64_t n) {
+    optim::round_bf16_stochastic(master_.data() + a, n, key, flat, master16_.data() + a);
+    zero_and_release(master_.data() + a, n);
+  });
 }
 
 void Fsdp::copy(float* dst, const float* src, int64_t n) const {
@@ -103,9 +153,17 @@ void Fsdp::start_gather(Piece& u) {
     u.stage = static_cast<int>(k);
     uint16_t* s = stages_[k].data();
     if (own > 0) be_.to_bf16(master_.data() + u.at, own, s + (u.own - u.begin));
+    if (released_)  // the bf16 masters as they are (their fp32 pages read as zeros above)
+      for_bf16_runs(u.at, own, [&](int64_t a, int64_t flat, int64_t n) {
+        std::copy_n(master16_.data() + a, n, s + (flat - u.begin));
+      });
     u.gathering = u.group->all_gather_async(s, u.counts);
   } else {
     copy(P + u.own, master_.data() + u.at, own);
+    if (released_)  // exact: the bf16 masters widened
+      for_bf16_runs(u.at, own, [&](int64_t a, int64_t flat, int64_t n) {
+        to_f32(DType::BF16, master16_.data() + a, n, P + flat);
+      });
     u.gathering = u.group->all_gather_async(P + u.begin, u.counts);
   }
   exposed_seconds_ += cpu::now_seconds() - t0;

@@ -27,6 +27,12 @@
 // resharded. At most two units are gathered at once (the one computing and the prefetched one)
 // and two units' full gradients exist (the one computing and the one being reduced).
 //
+// bf16 master weights (training.dtype bfloat16: the model's ParamStore::bf16_masters): this rank's
+// blocks of the copy-only ranges (ParamStore::copy_only, the projections) keep bf16 masters only,
+// sent as they are by the bf16 gathers; an update widens one block to fp32 and rounds it back
+// stochastically, keyed by each element's flat offset (as ParamStore::update_end); exact gathers
+// and a checkpoint's save read them widened. The CPU only.
+//
 // Off the CPU (the model's device(): a GPU) the masters, the gradient shard and the staging
 // buffers live in the device's memory and every copy, bf16 rounding and widening and gradient sum
 // runs through its backend (`be`); `group` (and `expert_group`) must then move device memory (an
@@ -100,6 +106,19 @@ class Fsdp final : public models::ParamHooks {
   // one on its way): what a parallel export reads, one unit's memory at a time.
   void for_each_unit_whole(const std::function<void(int64_t unit)>& fn);
 
+  // bf16 master weights: release_masters() rounds this rank's copy-only blocks to bf16 (to
+  // nearest: the weights as loaded or initialized) and gives their fp32 pages back;
+  // widen_masters() makes master() whole fp32 again (exactly; a checkpoint's save) until the
+  // next release_masters(). Nothing unless the model's store has bf16_masters.
+  void release_masters();
+  void widen_masters();
+  bool masters_released() const { return released_; }
+  // One update of master()[at, at+len) (whole blocks of own_segments()): update_begin widens its
+  // bf16 masters into master(), update_end rounds them back with key and gives the fp32 pages
+  // back. Nothing unless released.
+  void update_begin(int64_t at, int64_t len);
+  void update_end(int64_t at, int64_t len, uint64_t key);
+
   // Since construction: seconds this object's collectives took from start to completion
   // (comm_seconds), and the part of them the model waited for, not hidden behind compute
   // (exposed_seconds); the bytes one step of `microbatches` microbatches moves per rank in
@@ -133,6 +152,13 @@ class Fsdp final : public models::ParamHooks {
     size_t piece = 0;
     int64_t scratch = 0;  // where its block lands in scratch_
   };
+  // A run of this rank's shard whose masters are bf16: at in the shard buffers, flat in the model.
+  struct Bf16Run {
+    int64_t at = 0, flat = 0, len = 0;
+  };
+  // fn(at, flat, len) for each part of a bf16 run inside master()[at, at+len).
+  template <typename Fn>
+  void for_bf16_runs(int64_t at, int64_t len, Fn&& fn) const;
   int64_t units() const { return static_cast<int64_t>(first_piece_.size()) - 1; }
   std::vector<Piece*> unit(int64_t i);
   const Piece& first(int64_t i) const;
@@ -161,6 +187,9 @@ class Fsdp final : public models::ParamHooks {
   bool bf16_ = false, exact_ = false;                  // exact_: gather_all's fp32 gathers
   std::vector<Buffer<uint16_t>> stages_;               // bf16 gathers in flight, one each
   std::vector<bool> stage_busy_;
+  std::vector<Bf16Run> bf16_runs_;
+  Buffer<uint16_t> master16_;  // the bf16 masters, at the shard offsets of bf16_runs_
+  bool released_ = false;
   double comm_seconds_ = 0, exposed_seconds_ = 0;
 };
 

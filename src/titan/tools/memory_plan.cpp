@@ -164,12 +164,16 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
       in_backward = std::max(in_backward, unit_local[i]);
     in_backward = 4 * (in_backward + (tied ? unit_local[0] : 0));
   }
-  // training.dtype bfloat16 (one process, DDP, TP): the projections' masters are their bf16
-  // compute copy (its line below); fp32 masters remain for the rest (ParamStore::master_bytes),
-  // and each update widens one unit's bf16 masters to fp32.
-  const bool pure_bf16 = t.dtype == "bfloat16" && dp_shard == 1;
+  // training.dtype bfloat16: the projections' masters are bf16 (without FSDP their compute copy,
+  // its line below; under FSDP a shard of their own), fp32 masters remain for the rest
+  // (ParamStore::master_bytes), and each update widens one unit's (FSDP: one block's) bf16
+  // masters to fp32.
+  const bool pure_bf16 = t.dtype == "bfloat16";
   const double local_share =
       static_cast<double>(local) / static_cast<double>(std::max<int64_t>(1, whole));
+  const double rank_share = local_share / static_cast<double>(dp_shard);  // TP slice, FSDP shard
+  int64_t bf16_masters = 0;
+  for (const auto& r : m.store().copy_only()) bf16_masters += r.len;
   plan.lines = {
       {"process at start (code, libraries)", cpu::current_rss_bytes()},
       // LoRA: the adapters are the parameters below; the frozen base holds its weights alone
@@ -178,9 +182,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
             : "frozen base weights (fp32; LoRA)",
        models::frozen_bytes(m)},
       pure_bf16
-          ? MemoryPlan::Line{"parameters (fp32 masters: norms, embedding, experts)",
+          ? MemoryPlan::Line{"parameters (fp32 masters: norms, embedding, experts" +
+                                 (split ? shard : ")"),
                              static_cast<int64_t>(static_cast<double>(m.store().master_bytes()) *
-                                                  local_share)}
+                                                  rank_share)}
           : MemoryPlan::Line{split ? "parameters (fp32 master" + shard : "parameters (fp32 master)",
                              ps},
       grads_by_unit
@@ -195,11 +200,16 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     plan.lines.push_back(
         {"bf16 compute copy of the weights",
          static_cast<int64_t>(static_cast<double>(models::compute_copy_bytes(m)) * local_share)});
+  if (pure_bf16 && dp_shard > 1)
+    plan.lines.push_back(
+        {"bf16 masters (projections" + shard,
+         static_cast<int64_t>(2.0 * static_cast<double>(bf16_masters) * rank_share)});
   if (pure_bf16)
     plan.lines.push_back(
-        {"bf16 masters: one unit widened to fp32 for its update",
+        {dp_shard > 1 ? "bf16 masters: one block widened to fp32 for its update"
+                      : "bf16 masters: one unit widened to fp32 for its update",
          static_cast<int64_t>(4.0 * static_cast<double>(m.store().largest_widened_unit()) *
-                              local_share)});
+                              rank_share)});
   plan.lines.insert(
       plan.lines.end(),
       {

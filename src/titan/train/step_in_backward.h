@@ -44,6 +44,7 @@ class StepInBackward final : public models::ParamHooks {
   // 1) and the rounding keys of the bf16 moments and of the bf16 master weights
   // (ParamStore::update_end).
   void begin_step(float lr, int64_t step, uint64_t key, uint64_t weight_key);
+  uint64_t weight_key() const { return weight_key_; }
   // After the backward: this rank's Σg² of its not-replicated and replicated elements, and how
   // many units were updated (all of them unless a gradient was not finite).
   const double* sum_squares() const { return sq_; }

@@ -132,7 +132,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   build_optimizer_state(backend);
   const std::optional<ckpt::TrainState> loaded = load_weights(bo.seed);
   if (t.dtype == "bfloat16") {  // the projections' masters become their bf16 copy, unit by unit
-    model_->store().release_masters();
+    release_masters();
     if (rank0())
       log::info(
           "Master weights: bf16 for the projections (updated with stochastic rounding), "
@@ -194,7 +194,9 @@ void Trainer::setup_step_in_backward() {
       grad_replicate_ ? grad_replicate_.get() : mesh_.replicate.get(), replicated_);
   if (fsdp_)  // FSDP holds the hooks; each block is updated once reduced
     fsdp_->set_on_reduced([this](int64_t at, int64_t len) {
+      fsdp_->update_begin(at, len);  // bf16 masters: widened, updated, rounded back
       step_in_backward_->shard_ready(fsdp_->master(), fsdp_->grad_shard(), at, len);
+      fsdp_->update_end(at, len, step_in_backward_->weight_key());
     });
   else
     model_->store().set_hooks(step_in_backward_.get());
@@ -227,10 +229,6 @@ void Trainer::setup_parallelism() {
     const std::string what = "training.dtype bfloat16 (bf16 master weights) ";
     check(dev.host, what + "runs on the CPU only; on " + device +
                         " keep float32 masters with training.mixed_precision_param bfloat16");
-    check(!dims_.sharded(), what + "with FSDP (parallelism.data_parallel_shard_degree " +
-                                std::to_string(dims_.dp_shard) +
-                                ") is not implemented; use data_parallel_replicate_degree or "
-                                "float32 masters");
     check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
           what +
               "does not apply to LoRA: its frozen base is already kept as the bf16 copy "
@@ -728,20 +726,50 @@ void Trainer::reduce_and_update(StepResult& r) {
     return;
   }
   models::ParamStore& store = model_->store();
-  if (!fsdp_ && store.masters_released()) {  // bf16 masters: widened, updated, rounded per unit
+  const float lr = static_cast<float>(r.lr);
+  if (fsdp_ && fsdp_->masters_released()) {  // bf16 masters: widened, updated, rounded per block
+    int64_t at = 0;
+    for (const auto& seg : fsdp_->own_segments()) {
+      fsdp_->update_begin(at, seg.len);
+      state_.step_range(*opt_, fsdp_->master(), shard_grad, at, seg.len, adamw_, lr, step_,
+                        rounding_key(step_));
+      fsdp_->update_end(at, seg.len, rounding_key(step_, /*weights=*/true));
+      at += seg.len;
+    }
+    fsdp_->reshard_all();
+    return;
+  }
+  if (store.masters_released()) {  // the same per unit
     for (size_t u = 0; u < store.units().size(); ++u) {
       const models::ParamUnit& un = store.units()[u];
       float* p = store.update_begin(static_cast<int64_t>(u));
-      state_.step_range(*opt_, p, shard_grad, un.begin, un.end - un.begin, adamw_,
-                        static_cast<float>(r.lr), step_, rounding_key(step_));
+      state_.step_range(*opt_, p, shard_grad, un.begin, un.end - un.begin, adamw_, lr, step_,
+                        rounding_key(step_));
       store.update_end(static_cast<int64_t>(u), rounding_key(step_, /*weights=*/true));
     }
     return;
   }
   float* params = fsdp_ ? fsdp_->master() : store.device_param_data();
-  state_.step(*opt_, params, shard_grad, adamw_, static_cast<float>(r.lr), step_,
-              rounding_key(step_));
+  state_.step(*opt_, params, shard_grad, adamw_, lr, step_, rounding_key(step_));
   if (fsdp_) fsdp_->reshard_all();  // gathered again, updated, at their next use
+}
+
+bool Trainer::masters_released() const {
+  return fsdp_ ? fsdp_->masters_released() : model_->store().masters_released();
+}
+
+void Trainer::widen_masters() {
+  if (fsdp_)
+    fsdp_->widen_masters();
+  else
+    model_->store().widen_masters();
+}
+
+void Trainer::release_masters() {
+  if (fsdp_)
+    fsdp_->release_masters();
+  else
+    model_->store().release_masters();
 }
 
 uint64_t Trainer::rounding_key(int64_t step, bool weights) const {
@@ -812,16 +840,14 @@ void Trainer::maybe_checkpoint() {
   const bool last = step_ == cfg_.training.steps;
   if (!checkpointer_->due(step_, last)) return;  // the same decision on every rank
   // bf16 masters: saved widened to fp32 (exact), given back after the save.
-  struct Widened {
-    models::ParamStore& s;
-    bool on = s.masters_released();
-    explicit Widened(models::ParamStore& st) : s(st) {
-      if (on) s.widen_masters();
+  const bool widened = masters_released();
+  widen_masters();
+  struct Rerelease {
+    Trainer* t;
+    ~Rerelease() {
+      if (t) t->release_masters();
     }
-    ~Widened() {
-      if (on) s.release_masters();
-    }
-  } widened(model_->store());
+  } rerelease{widened ? this : nullptr};
   ckpt::TrainState st;
   st.step = step_;
   st.tokens_seen = tokens_seen_;
@@ -910,8 +936,10 @@ void Trainer::train() {
     log::info("Device: " + device + " (" + (dev.describe ? dev.describe() : std::string()) + ")" +
               (dev.precision ? "; " + dev.precision(bf16) : std::string()));
   else if (bf16)
-    log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, fp32 master "
-                          "weights and gradients, ") +
+    log::info(std::string("Mixed precision: bf16 GEMM inputs, fp32 accumulation, ") +
+              (t.dtype == "bfloat16" ? "bf16 master weights (projections; fp32 for the rest), "
+                                       "fp32 gradients, "
+                                     : "fp32 master weights and gradients, ") +
               (state_.dtype() == DType::BF16 ? "bf16"
                : state_.dtype() == DType::I8 ? "8-bit block-wise"
                                              : "fp32") +

@@ -83,6 +83,11 @@ class Trainer {
   // process every group has one rank.
   void reduce_and_update(StepResult& r);
   bool rank0() const { return dist::world().rank() == 0; }
+  // training.dtype bfloat16: whether the bf16 masters are the only ones now (FSDP's shard, or the
+  // model's store), and the fp32 masters made whole (exact) or given back again.
+  bool masters_released() const;
+  void widen_masters();
+  void release_masters();
   // The stochastic rounding's key of a step: of the bf16 moments, or of the bf16 master weights.
   uint64_t rounding_key(int64_t step, bool weights = false) const;
 
