@@ -32,7 +32,7 @@ namespace titan::train {
 
 namespace {
 
-// The random stream of the optimizer's stochastic rounding (plus the world rank).
+// The random streams of the stochastic rounding (plus the rank's shard: rounding_key).
 constexpr uint64_t kRoundingStream = 0x5352000000000000ull;        // bf16 moments
 constexpr uint64_t kWeightRoundingStream = 0x5357000000000000ull;  // bf16 master weights
 
