@@ -107,6 +107,7 @@ TEST(MemoryPlan, TrainRefusesAPlanThatCannotFit) {
   const std::string e = error_of([&] { train::Trainer t(c); });
   EXPECT_NE(e.find("the run needs"), std::string::npos) << e;
   EXPECT_NE(e.find("this machine has"), std::string::npos) << e;
+  EXPECT_NE(e.find("its largest part: saved activations"), std::string::npos) << e;
 }
 
 // The per-rank plan of tensor/expert-parallel layouts (titan plan; nothing allocated): the
@@ -116,6 +117,19 @@ double line_bytes(const MemoryPlan& p, const std::string& starts) {
     if (l.what.rfind(starts, 0) == 0) return static_cast<double>(l.bytes);
   ADD_FAILURE() << "no line '" << starts << "' in\n" << p.format();
   return 0;
+}
+
+// bf16 master weights with checkpoints on: a save reads every projection widened to fp32 at once,
+// the plan's peak then (titan train refuses a run whose save would not fit); without checkpoints
+// one unit (of 28 alike) is widened at a time.
+TEST(MemoryPlan, Bf16MastersCountTheCheckpointSavesWidening) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_0_6b");
+  c.training.dtype = "bfloat16";
+  const double unit = line_bytes(plan_memory(c), "bf16 masters: one unit widened");
+  c.checkpoint.enable = true;
+  const double all = line_bytes(plan_memory(c), "bf16 masters: all widened");
+  EXPECT_NEAR(all / unit, 28.0, 0.5);
 }
 
 TEST(MemoryPlan, TensorParallelHalvesTheShardedModules) {

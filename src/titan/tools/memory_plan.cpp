@@ -204,7 +204,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     plan.lines.push_back(
         {"bf16 masters (projections" + shard,
          static_cast<int64_t>(2.0 * static_cast<double>(bf16_masters) * rank_share)});
-  if (pure_bf16)
+  // A checkpoint's save reads them widened, all at once (more than one unit's update widens).
+  if (pure_bf16 && cfg.checkpoint.enable)
+    plan.lines.push_back(
+        {"bf16 masters: all widened to fp32 while a checkpoint is saved",
+         static_cast<int64_t>(4.0 * static_cast<double>(bf16_masters) * rank_share)});
+  else if (pure_bf16)
     plan.lines.push_back(
         {dp_shard > 1 ? "bf16 masters: one block widened to fp32 for its update"
                       : "bf16 masters: one unit widened to fp32 for its update",
@@ -297,9 +302,14 @@ void check_fits(const MemoryPlan& plan) {
   const int64_t have = host ? cpu::total_memory_bytes() : plan.capacity;
   if (have <= 0) return;  // a device whose memory cannot be queried: its allocation will say
   const std::string where = host ? "this machine has " : "the " + plan.device + " device has ";
+  const MemoryPlan::Line* largest = nullptr;
+  for (const auto& l : plan.lines)
+    if (!largest || l.bytes > largest->bytes) largest = &l;
   check(plan.total() <= have,
         "the run needs " + gib(plan.total()) + " (titan plan shows each part) but " + where +
             gib(have) +
+            (largest ? "; its largest part: " + largest->what + " (" + gib(largest->bytes) + ")"
+                     : std::string()) +
             "; lower training.local_batch_size or training.seq_len, or use a smaller model "
             "(model.n_layers, model.dim)");
 }
