@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "titan/core/error.h"
+#include "titan/core/stochastic_round.h"
 
 namespace titan {
 namespace {
@@ -193,5 +194,11 @@ void to_f32(DType dt, const void* src, int64_t n, float* dst) {
 }
 
 float round_to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+void round_bf16_stochastic(const float* x, int64_t n, uint64_t key, int64_t first, uint16_t* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = bf16_stochastic(x[i], sr_bits(key, static_cast<uint64_t>(first + i)));
+}
 
 }  // namespace titan

@@ -4,8 +4,8 @@
 
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/core/stochastic_round.h"
 #include "titan/ops/backend.h"
-#include "titan/optim/adamw.h"
 
 namespace titan::models {
 
@@ -121,7 +121,7 @@ void ParamStore::update_end(int64_t u, uint64_t key) {
   const ParamUnit& r = lay_.units[static_cast<size_t>(u)];
   float* p = params_.data();
   for_copy_only(r.begin, r.end, [&](int64_t b, int64_t len) {
-    optim::round_bf16_stochastic(p + b, len, key, b, copy_.data() + (b - lay_.copy_base));
+    round_bf16_stochastic(p + b, len, key, b, copy_.data() + (b - lay_.copy_base));
     zero_and_release(p + b, len);
   });
 }

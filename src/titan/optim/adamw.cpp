@@ -247,10 +247,4 @@ void clip_by_norm(float* g, int64_t n, double norm, double max_norm) {
   for (int64_t i = 0; i < n; ++i) g[i] *= c;
 }
 
-void round_bf16_stochastic(const float* x, int64_t n, uint64_t key, int64_t first, uint16_t* out) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = bf16_stochastic(x[i], sr_bits(key, static_cast<uint64_t>(first + i)));
-}
-
 }  // namespace titan::optim

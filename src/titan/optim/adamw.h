@@ -46,11 +46,6 @@ AdamWConsts adamw_consts(const AdamWConfig& c, float lr, int64_t step);
 // Σ x² in double over fixed blocks (the result does not depend on the thread count).
 double sum_squares(const float* x, int64_t n);
 
-// x[0, n) rounded to bf16 stochastically into out (bf16 master weights): element i's random bits
-// are sr_bits(key, first + i), so the result does not depend on the thread count or on how a
-// range is split.
-void round_bf16_stochastic(const float* x, int64_t n, uint64_t key, int64_t first, uint16_t* out);
-
 // Multiplies grads by min(1, max_norm / (norm + 1e-6)) (torch clip_grads_with_norm_).
 void clip_by_norm(float* g, int64_t n, double norm, double max_norm);
 

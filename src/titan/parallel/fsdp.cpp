@@ -6,7 +6,7 @@
 #include "titan/core/cpu.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
-#include "titan/optim/adamw.h"
+#include "titan/core/stochastic_round.h"
 
 namespace titan::parallel {
 
@@ -119,7 +119,7 @@ void Fsdp::update_begin(int64_t at, int64_t len) {
 void Fsdp::update_end(int64_t at, int64_t len, uint64_t key) {
   if (!released_) return;
   for_bf16_runs(at, len, [&](int64_t a, int64_t flat, int64_t n) {
-    optim::round_bf16_stochastic(master_.data() + a, n, key, flat, master16_.data() + a);
+    round_bf16_stochastic(master_.data() + a, n, key, flat, master16_.data() + a);
     zero_and_release(master_.data() + a, n);
   });
 }
