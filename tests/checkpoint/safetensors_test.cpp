@@ -380,6 +380,32 @@ TEST(SafetensorsRead, TrailingWhitespaceAndUnalignedData) {
   EXPECT_EQ(s.files().at(0).metadata().at("k"), "v");
 }
 
+// A tensor given by fill is asked for in slices of at most 64 MiB, in order, whole elements each:
+// a 17 Mi-element fp32 tensor (68 MiB) in two, beside a bf16 one in one.
+TEST(SafetensorsWrite, FilledTensorsComeSliceBySlice) {
+  TempDir dir;
+  const int64_t n = 17 << 20;
+  std::vector<std::pair<int64_t, int64_t>> asked;
+  auto fill = [&](int64_t first, int64_t count, void* dst) {
+    asked.emplace_back(first, count);
+    for (int64_t i = 0; i < count; ++i) static_cast<float*>(dst)[i] = static_cast<float>(first + i);
+  };
+  auto fill16 = [](int64_t first, int64_t count, void* dst) {
+    for (int64_t i = 0; i < count; ++i)
+      static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(0x3f80 + first + i);  // 1, 1+2^-7
+  };
+  write_file(dir / "f.safetensors", {{"big", DType::F32, {n}, nullptr, fill},
+                                     {"small", DType::BF16, {2}, nullptr, fill16}});
+  EXPECT_EQ(asked, (std::vector<std::pair<int64_t, int64_t>>{{0, 16 << 20}, {16 << 20, 1 << 20}}));
+  SafetensorsSet f = SafetensorsSet::open(dir / "f.safetensors");
+  std::vector<float> big(static_cast<size_t>(n));
+  f.read_f32("big", {n}, big.data());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(big[static_cast<size_t>(i)], static_cast<float>(i));
+  std::vector<float> small(2);
+  f.read_f32("small", {2}, small.data());
+  EXPECT_EQ(small, (std::vector<float>{1.0f, 1.0f + 1.0f / 128}));
+}
+
 TEST(SafetensorsRead, MovedFileKeepsItsViews) {
   TempDir dir;
   const std::vector<float> v = {1, 2, 3};

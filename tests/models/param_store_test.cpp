@@ -8,6 +8,8 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "test_util.h"
 #include "titan/core/dtype.h"
@@ -66,6 +68,28 @@ TEST(ParamStoreBf16Masters, UpdatesRoundStochasticallyWithoutBias) {
   t.update_end(1, 42);
   t.widen_masters();
   for (int64_t i = 4096; i < 8192; ++i) ASSERT_EQ(std::as_const(t).param_data()[i], after[i]) << i;
+}
+
+// A checkpoint's streaming read: any range, across given-back masters and fp32 ones, reads what
+// widening them would give, and leaves the masters given back.
+TEST(ParamStoreBf16Masters, ReadsWeightsWidenedWithoutWideningThem) {
+  std::unique_ptr<ParamStore> sp = bf16_store();
+  ParamStore& s = *sp;
+  float* p = s.param_data();
+  for (int64_t i = 0; i < 8192; ++i) p[i] = 1.0f + static_cast<float>(i) * 1e-5f;
+  s.release_masters();
+  std::vector<float> read(8192);
+  for (const auto& [b, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 8192}, {4000, 200}, {5000, 10}, {7100, 1000}, {0, 4096}}) {
+    s.read_weights(b, n, read.data() + b);
+    EXPECT_EQ(s.weights_in_place(b, n), b + n <= 4096 || b >= 7168) << b << " " << n;
+  }
+  ASSERT_TRUE(s.masters_released());
+  s.widen_masters();
+  for (int64_t i = 0; i < 8192; ++i)
+    ASSERT_EQ(read[static_cast<size_t>(i)], std::as_const(s).param_data()[i]) << i;
+  EXPECT_EQ(read[4096], round_to_bf16(1.0f + 4096 * 1e-5f));  // through the bf16 copy
+  EXPECT_EQ(read[8000], 1.0f + 8000 * 1e-5f);                 // an fp32 master
 }
 
 TEST(ParamStoreBf16Masters, NeedsATrainableStoreWithACopy) {

@@ -82,12 +82,16 @@ TEST(MemoryPlan, Qwen3_0_6BWidthLeanStateWithinTenPercentOfPeakRss) {
 }
 
 // ... and bf16 master weights (training.dtype bfloat16): the layers' projections in bf16 only,
-// one unit widened at a time for its update.
+// one unit widened at a time for its update; the run ends with a bf16 Hugging Face export,
+// converted slice by slice (the masters are not widened for it).
 TEST(MemoryPlan, Qwen3_0_6BWidthBf16MastersWithinTenPercentOfPeakRss) {
   config::JobConfig c = qwen3_0_6b_two_layers();
   c.training.dtype = "bfloat16";
   c.optimizer.state_dtype = "int8";
   c.optimizer.early_step_in_backward = true;
+  c.checkpoint.enable = true;
+  c.checkpoint.last_save_in_hf = true;
+  c.checkpoint.export_dtype = "bfloat16";
   expect_plan_matches_peak(c);
 }
 
@@ -119,17 +123,24 @@ double line_bytes(const MemoryPlan& p, const std::string& starts) {
   return 0;
 }
 
-// bf16 master weights with checkpoints on: a save reads every projection widened to fp32 at once,
-// the plan's peak then (titan train refuses a run whose save would not fit); without checkpoints
-// one unit (of 28 alike) is widened at a time.
+// bf16 master weights with checkpoints on. Whole, a save converts one slice of at most 64 MiB
+// at a time and one unit (of 28 alike) is widened for its update; sharded, a save reads every
+// projection's shard widened to fp32 at once, the plan's peak then (titan train refuses a run
+// whose save would not fit).
 TEST(MemoryPlan, Bf16MastersCountTheCheckpointSavesWidening) {
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("qwen3_0_6b");
   c.training.dtype = "bfloat16";
   const double unit = line_bytes(plan_memory(c), "bf16 masters: one unit widened");
   c.checkpoint.enable = true;
+  const MemoryPlan whole = plan_memory(c);
+  EXPECT_EQ(line_bytes(whole, "bf16 masters: one unit widened"), unit);
+  EXPECT_EQ(line_bytes(whole, "checkpoint save: one slice"), double{68 << 20});
+  c.parallelism.data_parallel_shard_degree = 2;
   const double all = line_bytes(plan_memory(c), "bf16 masters: all widened");
-  EXPECT_NEAR(all / unit, 28.0, 0.5);
+  c.checkpoint.enable = false;
+  const double shard = line_bytes(plan_memory(c), "bf16 masters: one block widened");
+  EXPECT_NEAR(all / shard, 28.0, 0.5);
 }
 
 TEST(MemoryPlan, TensorParallelHalvesTheShardedModules) {

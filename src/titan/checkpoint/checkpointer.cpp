@@ -53,12 +53,13 @@ void read_moment(const Moments& mo, bool first, int64_t at, int64_t count, const
 }
 }  // namespace
 
-WriteTensor Moments::tensor(std::string name, bool first, std::vector<int64_t> shape, int64_t at,
-                            int64_t count) const {
+WriteTensor Moments::tensor(std::string name, bool first, std::vector<int64_t> shape,
+                            int64_t at) const {
   if (!codec) return {std::move(name), dtype, std::move(shape), this->at(first, at)};
   MomentCodec* c = codec;
-  return {std::move(name), DType::F32, std::move(shape), nullptr, [c, first, at, count](void* dst) {
-            c->decode(first, at, count, static_cast<float*>(dst));
+  return {std::move(name), DType::F32, std::move(shape), nullptr,
+          [c, first, at](int64_t i, int64_t n, void* dst) {
+            c->decode(first, at + i, n, static_cast<float*>(dst));
           }};
 }
 
@@ -274,9 +275,8 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
     } else {
       const fs::path tmp = temp_sibling(dst);
       try {
-        std::vector<std::vector<uint8_t>> storage;
         write_file((tmp / "model.safetensors").string(),
-                   model_tensors(model, export_dtype(k.export_dtype), false, &storage));
+                   model_tensors(model, export_dtype(k.export_dtype), false));
         test::kill_point("export:model");
         write_checksums(tmp.string());
         io::fsync_dir(tmp.string());
@@ -300,15 +300,13 @@ void Checkpointer::maybe_save(const TrainState& st, bool last, const models::Mod
   }
   const fs::path tmp = temp_sibling(dst);
   try {
-    std::vector<std::vector<uint8_t>> storage;
-    write_file((tmp / "model.safetensors").string(),
-               model_tensors(model, DType::F32, false, &storage));
+    write_file((tmp / "model.safetensors").string(), model_tensors(model, DType::F32, false));
     test::kill_point("save:model");
     std::vector<WriteTensor> opt;
     for (const auto& p : model.params()) {
       if (p.alias) continue;
       for (const bool first : {true, false})
-        opt.push_back(moments.tensor(moment_name(first, p.fqn), first, p.shape, p.offset, p.numel));
+        opt.push_back(moments.tensor(moment_name(first, p.fqn), first, p.shape, p.offset));
     }
     write_file((tmp / "optimizer.safetensors").string(), opt);
     test::kill_point("save:optimizer");
@@ -345,11 +343,11 @@ json Checkpointer::write_shard(const std::string& tmp, int64_t writer, int64_t w
   for (const Slice& sl : slices_in(model, segs)) {
     if (!with_replicated && sl.p->split_dim < 0) continue;
     const std::vector<int64_t> shape{sl.end - sl.begin};
-    const float* w = params ? params + sl.at : model.store().param_data() + sl.p->offset + sl.begin;
-    tensors.push_back({sl.p->fqn, DType::F32, shape, w});
+    tensors.push_back(params ? WriteTensor{sl.p->fqn, DType::F32, shape, params + sl.at}
+                             : weight_tensor(model.store(), sl.p->fqn, shape,
+                                             sl.p->offset + sl.begin, DType::F32));
     for (const bool first : {true, false})
-      tensors.push_back(
-          moments.tensor(moment_name(first, sl.p->fqn), first, shape, sl.at, sl.end - sl.begin));
+      tensors.push_back(moments.tensor(moment_name(first, sl.p->fqn), first, shape, sl.at));
     json entries = json::array();
     run_groups(*sl.p, sl.begin, sl.end,
                [&](const RunGroup& g) { entries.push_back(g.to_json(name)); });

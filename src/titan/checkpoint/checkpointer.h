@@ -103,10 +103,9 @@ struct Moments {
   Moments(float* m32, float* v32) : m(m32), v(v32) {}
   Moments(DType dt, void* m_, void* v_) : dtype(dt), m(m_), v(v_) {}
   explicit Moments(MomentCodec* c) : codec(c) {}
-  // The tensor of elements [at, at + count) of m (first) or v as written: in dtype, or through
-  // the codec (filled when written).
-  WriteTensor tensor(std::string name, bool first, std::vector<int64_t> shape, int64_t at,
-                     int64_t count) const;
+  // The tensor of shape's elements from at on of m (first) or v as written: in dtype, or
+  // through the codec (filled slice by slice as it is written).
+  WriteTensor tensor(std::string name, bool first, std::vector<int64_t> shape, int64_t at) const;
   // Element i of m (first) or v.
   void* at(bool first, int64_t i) const {
     return static_cast<char*>(first ? m : v) + i * static_cast<int64_t>(dtype_size(dtype));

@@ -94,13 +94,12 @@ void export_hf(const std::string& dir, const models::Model& model, const std::st
   check(!ec, "cannot create " + dst.parent_path().string() + " (" + ec.message() + ")");
   const fs::path tmp = temp_sibling(dst);
   try {
-    std::vector<std::vector<uint8_t>> storage;
     if (model.hf().hf_weights_file() == "model.safetensors")
-      write_model(tmp.string(), model_tensors(model, dt, true, &storage), max_shard_bytes,
+      write_model(tmp.string(), model_tensors(model, dt, true), max_shard_bytes,
                   {{"format", "pt"}});
     else  // adapters (PEFT's adapter_model.safetensors): small, one file
-      write_file((tmp / model.hf().hf_weights_file()).string(),
-                 model_tensors(model, dt, true, &storage), {{"format", "pt"}});
+      write_file((tmp / model.hf().hf_weights_file()).string(), model_tensors(model, dt, true),
+                 {{"format", "pt"}});
     test::kill_point("export:model");
     write_hf_extras(tmp, model, dtype, source_dir);
     write_checksums(tmp.string());

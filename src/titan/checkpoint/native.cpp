@@ -49,28 +49,43 @@ void check_params_present(const models::Model& model, const SafetensorsSet& set,
 
 }  // namespace
 
-std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, bool hf_keys,
-                                       std::vector<std::vector<uint8_t>>* storage) {
-  std::vector<WriteTensor> out;
-  auto add = [&](const std::string& key, const std::vector<int64_t>& shape, const float* src) {
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    const void* data = src;
-    if (dt != DType::F32) {
-      storage->emplace_back(static_cast<size_t>(numel) * dtype_size(dt));
-      f32_to(dt, src, numel, storage->back().data());
-      data = storage->back().data();
+WriteTensor weight_tensor(const models::ParamStore& store, std::string name,
+                          std::vector<int64_t> shape, int64_t offset, DType dt) {
+  if (dt == DType::F32 && !store.masters_released())
+    return {std::move(name), dt, std::move(shape), store.param_data() + offset};
+  auto fill = [&store, offset, dt](int64_t first, int64_t count, void* dst) {
+    if (dt == DType::F32)
+      return store.read_weights(offset + first, count, static_cast<float*>(dst));
+    constexpr int64_t kChunk = int64_t{1} << 20;  // fp32 elements converted at a time
+    std::vector<float> f32(static_cast<size_t>(std::min(count, kChunk)));
+    for (int64_t i = 0; i < count; i += kChunk) {
+      const int64_t k = std::min(kChunk, count - i);
+      store.read_weights(offset + first + i, k, f32.data());
+      f32_to(dt, f32.data(), k, static_cast<uint8_t*>(dst) + i * dtype_size(dt));
     }
-    out.push_back({key, dt, shape, data});
   };
+  return {std::move(name), dt, std::move(shape), nullptr, fill};
+}
+
+std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, bool hf_keys) {
+  std::vector<WriteTensor> out;
   if (hf_keys) {
     for (const auto& t : model.hf().hf_tensors())
-      add(t.key, t.shape, model.store().param_data() + t.offset);
+      out.push_back(weight_tensor(model.store(), t.key, t.shape, t.offset, dt));
     return out;
   }
   for (const auto& p : model.params())
-    if (!p.alias) add(p.fqn, p.shape, model.store().param_data() + p.offset);
-  for (const auto& b : model.buffers()) add(b.fqn, b.shape, b.data);  // MoE expert bias
+    if (!p.alias) out.push_back(weight_tensor(model.store(), p.fqn, p.shape, p.offset, dt));
+  for (const auto& b : model.buffers()) {  // MoE expert bias
+    if (dt == DType::F32) {
+      out.push_back({b.fqn, dt, b.shape, b.data});
+      continue;
+    }
+    const float* src = b.data;
+    out.push_back({b.fqn, dt, b.shape, nullptr, [src, dt](int64_t first, int64_t count, void* dst) {
+                     f32_to(dt, src + first, count, dst);
+                   }});
+  }
   return out;
 }
 

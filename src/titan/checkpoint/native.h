@@ -17,10 +17,15 @@
 
 namespace titan::ckpt::detail {
 
-// Tensors of the model under their titan FQNs (or HF keys), converted to dt; storage holds the
-// converted bytes.
-std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, bool hf_keys,
-                                       std::vector<std::vector<uint8_t>>* storage);
+// Weights [offset, offset + numel of shape) of store as a tensor to write in dt: read in place
+// when they are fp32 masters saved as such, else converted (bf16 masters widened) slice by slice
+// as they are written (store must outlive the write).
+WriteTensor weight_tensor(const models::ParamStore& store, std::string name,
+                          std::vector<int64_t> shape, int64_t offset, DType dt);
+
+// Tensors of the model under their titan FQNs (or HF keys), in dt (weight_tensor; the buffers
+// too: the MoE expert bias).
+std::vector<WriteTensor> model_tensors(const models::Model& model, DType dt, bool hf_keys);
 
 // dir's checksums.json with every listed file's presence and size checked (before the files
 // are opened, so a truncated file is named as such); nullopt, with a warning, when there is none.

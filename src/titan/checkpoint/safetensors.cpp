@@ -183,11 +183,13 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
-// Bytes to write: n at data, or (fill set) n made by fill into a scratch buffer.
+// Bytes to write: n at data, or (fill set) n made by fill, slice by slice, into a scratch buffer
+// (elements of elem bytes).
 struct Piece {
   const void* data;
   size_t n;
-  const std::function<void(void*)>* fill;
+  const std::function<void(int64_t, int64_t, void*)>* fill;
+  size_t elem = 1;
 };
 
 // Creates `path` (truncating), writes the pieces and fsyncs, so that a rename afterwards
@@ -197,11 +199,14 @@ void write_pieces(const std::string& path, const std::string& shown,
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int open_errno = errno;
   check(fd >= 0, shown + ": cannot create " + path + " (" + errno_str(open_errno) + ")");
-  std::vector<uint8_t> scratch;  // a filled piece's bytes
-  const auto bytes = [&](const Piece& pc) -> const char* {
-    if (!pc.fill) return static_cast<const char*>(pc.data);
-    scratch.resize(pc.n);
-    (*pc.fill)(scratch.data());
+  constexpr size_t kSlice = size_t{64} << 20;  // a multiple of every element size
+  std::vector<uint8_t> scratch;                // a filled piece's slice
+  // Bytes [o, o + k) of piece pc (o and k whole elements).
+  const auto bytes = [&](const Piece& pc, size_t o, size_t k) -> const char* {
+    if (!pc.fill) return static_cast<const char*>(pc.data) + o;
+    scratch.resize(std::max(scratch.size(), k));
+    (*pc.fill)(static_cast<int64_t>(o / pc.elem), static_cast<int64_t>(k / pc.elem),
+               scratch.data());
     return reinterpret_cast<const char*>(scratch.data());
   };
   try {
@@ -210,18 +215,18 @@ void write_pieces(const std::string& path, const std::string& shown,
     if (test::kill_due("write:partial")) {  // a crash half-way through the file
       size_t left = total / 2;
       for (const auto& pc : pieces) {
-        write_all(fd, bytes(pc), std::min(pc.n, left), shown);
+        const size_t k = std::min(pc.n, left) / pc.elem * pc.elem;
+        for (size_t o = 0; o < k; o += kSlice)
+          write_all(fd, bytes(pc, o, std::min(kSlice, k - o)), std::min(kSlice, k - o), shown);
         left -= std::min(pc.n, left);
       }
       test::kill_now();
     }
     Progress progress("writing " + shown, static_cast<int64_t>(total));
-    constexpr size_t kSlice = size_t{64} << 20;  // progress between slices of large tensors
-    for (const auto& pc : pieces) {
-      const char* p = bytes(pc);
+    for (const auto& pc : pieces) {  // progress between slices of large tensors
       for (size_t o = 0; o < pc.n; o += kSlice) {
         const size_t k = std::min(kSlice, pc.n - o);
-        write_all(fd, p + o, k, shown);
+        write_all(fd, bytes(pc, o, k), k, shown);
         progress.add(static_cast<int64_t>(k));
       }
     }
@@ -248,7 +253,9 @@ void write_safetensors(const std::string& tmp, const std::string& shown,
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i));
   std::vector<Piece> pieces = {{len, 8, nullptr}, {header.data(), header.size(), nullptr}};
   for (const auto& p : ts)
-    if (p.nbytes) pieces.push_back({p.t->data, p.nbytes, p.t->fill ? &p.t->fill : nullptr});
+    if (p.nbytes)
+      pieces.push_back({p.t->data, p.nbytes, p.t->fill ? &p.t->fill : nullptr,
+                        static_cast<size_t>(dtype_size(p.t->dtype))});
   write_pieces(tmp, shown, pieces);
 }
 

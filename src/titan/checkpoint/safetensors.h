@@ -111,9 +111,10 @@ struct WriteTensor {
   DType dtype;
   std::vector<int64_t> shape;
   const void* data;  // numel * dtype_size(dtype) bytes, already in dtype
-  // Set instead of data: writes the tensor's bytes into a scratch buffer when the tensor's turn
-  // comes (a tensor converted on the way out holds no copy before it is written).
-  std::function<void(void* dst)> fill = nullptr;
+  // Set instead of data: writes elements [first, first + count) of the tensor, in dtype, to dst
+  // (a scratch buffer of at most 64 MiB) when their turn comes, so that a tensor converted on
+  // the way out is never held whole.
+  std::function<void(int64_t first, int64_t count, void* dst)> fill = nullptr;
 };
 
 // Writes one file: tensors sorted by name and contiguous, the header padded with spaces so the

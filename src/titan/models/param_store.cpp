@@ -30,6 +30,25 @@ const float* ParamStore::param_data() const {
   return params_.host();
 }
 
+bool ParamStore::weights_in_place(int64_t begin, int64_t n) const {
+  bool released = false;
+  if (masters_released_)
+    for_copy_only(begin, begin + n, [&](int64_t, int64_t) { released = true; });
+  return !released;
+}
+
+void ParamStore::read_weights(int64_t begin, int64_t n, float* dst) const {
+  const float* host = params_.host();
+  int64_t at = begin;  // copied up to here
+  if (masters_released_)
+    for_copy_only(begin, begin + n, [&](int64_t b, int64_t len) {
+      std::copy(host + at, host + b, dst + (at - begin));
+      to_f32(DType::BF16, copy_.data() + (b - lay_.copy_base), len, dst + (b - begin));
+      at = b + len;
+    });
+  std::copy(host + at, host + begin + n, dst + (at - begin));
+}
+
 void ParamStore::allocate() {
   const DeviceMemory mem = be_.memory();
   // Sharded: on a device with reserve, the flat buffers are address ranges whose units take

@@ -159,9 +159,13 @@ class ParamStore {
   const std::vector<FlatRange>& copy_only() const { return lay_.copy_only; }
   // The most copy-only elements in one unit (what update_begin widens at most, bf16_masters).
   int64_t largest_widened_unit() const;
-  // The fp32 masters whole again, widened from the copy (a checkpoint's read); release_masters()
-  // gives them back again.
+  // The fp32 masters whole again, widened from the copy; release_masters() gives them back again.
   void widen_masters() { restore_masters(); }
+  // Elements [begin, begin + n) of the fp32 weights into dst, those of given-back masters widened
+  // from their bf16 copy on the way (a checkpoint's streaming read: nothing widened in place).
+  void read_weights(int64_t begin, int64_t n, float* dst) const;
+  // Whether [begin, begin + n) of param_data() can be read in place (no given-back master in it).
+  bool weights_in_place(int64_t begin, int64_t n) const;
   // One update of unit u's weights in place (an optimizer step): update_begin returns the fp32
   // weights (the whole array; unit u's range valid and writable), update_end ends it. With
   // released bf16 masters, u's copy-only ranges are widened into fp32 pages by update_begin and

@@ -204,8 +204,10 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     plan.lines.push_back(
         {"bf16 masters (projections" + shard,
          static_cast<int64_t>(2.0 * static_cast<double>(bf16_masters) * rank_share)});
-  // A checkpoint's save reads them widened, all at once (more than one unit's update widens).
-  if (pure_bf16 && cfg.checkpoint.enable)
+  // Sharded or sliced, a checkpoint's save reads them widened, all at once (more than one unit's
+  // update widens); whole, it reads them widened slice by slice as it writes (the line below).
+  const bool save_widens = split || dims.ep > 1;
+  if (pure_bf16 && cfg.checkpoint.enable && save_widens)
     plan.lines.push_back(
         {"bf16 masters: all widened to fp32 while a checkpoint is saved",
          static_cast<int64_t>(4.0 * static_cast<double>(bf16_masters) * rank_share)});
@@ -215,6 +217,12 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
                       : "bf16 masters: one unit widened to fp32 for its update",
          static_cast<int64_t>(4.0 * static_cast<double>(m.store().largest_widened_unit()) *
                               rank_share)});
+  // A save of the whole model converts what it writes (bf16 masters widened, an export's dtype,
+  // 8-bit moments decoded) one slice of at most 64 MiB at a time, through 4 MiB of fp32.
+  if (cfg.checkpoint.enable && !save_widens)
+    plan.lines.push_back({"checkpoint save: one slice converted at a time",
+                          std::min<int64_t>(int64_t{64} << 20, 4 * largest) +
+                              std::min<int64_t>(int64_t{4} << 20, 4 * largest)});
   plan.lines.insert(
       plan.lines.end(),
       {

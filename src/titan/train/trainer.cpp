@@ -839,9 +839,11 @@ void Trainer::resume_data(const ckpt::TrainState& st) {
 void Trainer::maybe_checkpoint() {
   const bool last = step_ == cfg_.training.steps;
   if (!checkpointer_->due(step_, last)) return;  // the same decision on every rank
-  // bf16 masters: saved widened to fp32 (exact), given back after the save.
-  const bool widened = masters_released();
-  widen_masters();
+  // bf16 masters: saved as fp32 (exact). Whole, the model's are read widened tensor by tensor
+  // as they are written (ckpt::weight_tensor); sharded or sliced, they are widened in place for
+  // the save and given back after it.
+  const bool widened = (fsdp_ || sliced()) && masters_released();
+  if (widened) widen_masters();
   struct Rerelease {
     Trainer* t;
     ~Rerelease() {
