@@ -17,6 +17,11 @@ Generator& Model::generation() {
   return *g;
 }
 
+double attention_flops_per_token(const ModelDims& d, int64_t seq_len, bool causal) {
+  const double square = 12.0 * static_cast<double>(d.layers * d.heads * d.head_dim * seq_len);
+  return causal ? square / 2 : square;
+}
+
 std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params) {
   std::vector<ParamUnit> u;
   for (const auto& p : params) {

@@ -215,10 +215,15 @@ class StateDictAdapter {
 // A model's block dimensions, from its arguments (never parsed from parameter names), for the
 // reports and volume formulas that need them (tensor parallelism's bytes, the memory plan).
 struct ModelDims {
-  int64_t layers = 0, dim = 0, head_dim = 0;
+  int64_t layers = 0, dim = 0, head_dim = 0, heads = 0;
   int64_t experts = 0, top_k = 0;  // routed experts per MoE layer and per token (0: dense)
   std::vector<bool> moe_layer;     // [layers]
 };
+
+// Attention's FLOPs per token of a training step (forward and backward: 3 × the forward's
+// Q·Kᵀ and P·V, 2·heads·head_dim·seq_len each) over `layers` layers: torchtitan's count, the whole
+// S × S square, with causal false; half of it with causal true, the work a causal kernel does.
+double attention_flops_per_token(const ModelDims& d, int64_t seq_len, bool causal);
 
 // The FSDP units (models/param_store.h) of a parameter list, from its groups.
 std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params);
@@ -274,7 +279,9 @@ class Model {
   // End of an optimizer step, before the update (torchtitan's optimizer pre-step hooks).
   virtual void finish_step() {}
 
-  // ---- what it declares: its dimensions, FLOPs (torchtitan's formula) for MFU, the size table
+  // ---- what it declares: its dimensions, FLOPs for MFU (torchtitan's formula with causal
+  // attention counted at the half of its square that it computes: attention_flops_per_token),
+  // the size table
   virtual ModelDims dims() const = 0;
   virtual double flops_per_token(int64_t seq_len) const = 0;
   virtual int64_t num_flop_params() const = 0;

@@ -966,6 +966,14 @@ void Trainer::train() {
   char buf[256];
   std::snprintf(buf, sizeof buf, "Peak FLOPS used for computing MFU: %.3e", peak);
   log::info(buf);
+  const double fpt = model_->flops_per_token(cfg_.training.seq_len),
+               square = models::attention_flops_per_token(model_->dims(), cfg_.training.seq_len,
+                                                          /*causal=*/false);
+  std::snprintf(buf, sizeof buf,
+                "FLOPs per token: %.4g (causal attention counted at half its square; "
+                "torchtitan's count: %.4g)",
+                fpt, fpt + square / 2);
+  log::info(buf);
   int64_t total = models::frozen_weights(*model_);  // LoRA: the frozen base, then the adapters
   for (const auto& p : model_->params()) {
     int64_t whole = 1;  // a tensor-parallel slice: the whole tensor's

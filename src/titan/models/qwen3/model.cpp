@@ -1093,7 +1093,7 @@ std::vector<BufferInfo> Qwen3Model::buffers() const {
 }
 
 models::ModelDims Qwen3Model::dims() const {
-  models::ModelDims d{a_.n_layers, a_.dim, a_.head_dim, 0, 0, {}};
+  models::ModelDims d{a_.n_layers, a_.dim, a_.head_dim, a_.n_heads, 0, 0, {}};
   for (int64_t l = 0; l < a_.n_layers; ++l) d.moe_layer.push_back(a_.moe_layer(l));
   if (a_.n_moe_layers() > 0) d.experts = a_.num_experts, d.top_k = a_.top_k;
   return d;
@@ -1114,9 +1114,10 @@ int64_t Qwen3Model::num_flop_params() const {
   return n;
 }
 
+// torchtitan's 6·N + 12·L·H·head_dim·S with the causal attention at half its square.
 double Qwen3Model::flops_per_token(int64_t seq_len) const {
   return 6.0 * static_cast<double>(num_flop_params()) +
-         6.0 * static_cast<double>(a_.n_layers * a_.n_heads * 2 * a_.head_dim * seq_len);
+         models::attention_flops_per_token(dims(), seq_len, /*causal=*/true);
 }
 
 Qwen3Model::~Qwen3Model() = default;
