@@ -9,6 +9,10 @@ extern "C" int titan_plugin_api_version(void) { return TITAN_PLUGIN_API_VERSION 
 extern "C" void titan_plugin_register(titan::plugin::Host*) {}
 #elif defined(TITAN_TEST_NO_REGISTER)
 extern "C" int titan_plugin_api_version(void) { return TITAN_PLUGIN_API_VERSION; }
+#elif defined(TITAN_TEST_THROWS_NON_STD)
+// Registration throws something that is not a std::exception.
+extern "C" int titan_plugin_api_version(void) { return TITAN_PLUGIN_API_VERSION; }
+extern "C" void titan_plugin_register(titan::plugin::Host*) { throw 42; }
 #elif defined(TITAN_TEST_THROWING_KERNEL)
 // A RoPE kernel whose forward throws, attached to every layer.
 extern "C" int titan_plugin_api_version(void) { return TITAN_PLUGIN_API_VERSION; }

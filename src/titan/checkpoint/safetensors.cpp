@@ -334,6 +334,7 @@ SafetensorsFile::~SafetensorsFile() {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;  // owns the mapping from here on, so a validation failure unmaps it
   f.path_ = path;
+  io::check_input_file(path, "safetensors file");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   const int open_errno = errno;
   check(fd >= 0, path + ": cannot open (" + errno_str(open_errno) + ")");

@@ -24,6 +24,7 @@ void write_json(const fs::path& path, const json& j) {
 }
 
 json read_json(const fs::path& path) {
+  io::check_input_file(path.string(), "JSON file");
   std::ifstream f(path);
   check(f.good(), "cannot read " + path.string());
   json j = json::parse(f, nullptr, false);

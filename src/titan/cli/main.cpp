@@ -3,9 +3,12 @@
 //   titan tokenize --tokenizer DIR (--text TEXT | --input PATH --output F.bin) [options]
 //   titan config show --config NAME [flags]
 //   titan config list
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "titan/config/job_config.h"
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
 #include "titan/data/token_shard.h"
 #include "titan/data/tokenizer.h"
@@ -192,6 +196,13 @@ int tokenize(const std::vector<std::string>& args) {
   titan::check(!bos_eos,
                "titan tokenize --bos_eos applies to --text (shards always hold BOS/EOS "
                "as the loader adds them)");
+  // The output must not be one of the inputs: the file itself, or a file of the input folder.
+  titan::io::check_not_input(output, "titan tokenize --output", input, "--input");
+  const std::filesystem::path folder = std::filesystem::path(output).parent_path();
+  titan::check(!std::filesystem::is_directory(input) || !std::filesystem::exists(output) ||
+                   !titan::io::same_file(folder.empty() ? "." : folder.string(), input),
+               "titan tokenize --output " + output + " is a file of the --input folder " + input +
+                   ", read as a document: writing it would destroy it; give another --output");
   src.path = input;
   auto tok = titan::data::make_tokenizer(tokenizer);
   titan::data::TokenizeStats st = titan::data::tokenize_to_shard(src, *tok, output);
@@ -215,6 +226,11 @@ int run(std::vector<std::string> args) {
     titan::config::JobConfig cfg = build_config(args, cmd);
     if (cfg.debug.print_config)
       std::printf("%s%s", titan::config::to_string(cfg).c_str(), resolved_model(cfg).c_str());
+    // One run per dump folder (rank 0 holds it for all): a second would interleave its metrics
+    // and checkpoints with this one's.
+    titan::io::DirLock lock;
+    if (titan::dist::world().rank() == 0 && !cfg.dump_folder.empty())
+      lock = titan::io::DirLock(cfg.dump_folder, "dump_folder");
     titan::train::Trainer trainer(cfg);
     trainer.train();
     return 0;
@@ -262,10 +278,11 @@ int run(std::vector<std::string> args) {
     titan::config::JobConfig cfg = build_config(args, cmd);
     const titan::tools::MemoryPlan plan = titan::tools::plan_memory(cfg);
     std::printf("%s", plan.format().c_str());
-    // against the machine's memory, or the device's where it can be queried
-    const int64_t have =
-        titan::ops::device(plan.device).host ? titan::cpu::total_memory_bytes() : plan.capacity;
-    return have <= 0 || plan.total() <= have ? 0 : 1;
+    std::fflush(stdout);
+    // against the machine's memory, or the device's where it can be queried: titan train's
+    // refusal, as the error line
+    titan::tools::check_fits(plan);
+    return 0;
   }
   if (cmd == "check-kernel") {
     titan::config::JobConfig cfg = build_config(args, cmd);
@@ -317,16 +334,31 @@ int main(int argc, char** argv) {
     if (world > 1) titan::dist::abort_job(code);
     return code;
   };
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which the writers report naming
+  // the file, instead of killing the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     titan::dist::Communicator& w = titan::dist::world();
     world = w.size();
     if (world > 1)
       who = " (rank " + std::to_string(w.rank()) + " of " + std::to_string(world) + ")";
     titan::log::set_rank(w.rank(), world);
-    return run(std::vector<std::string>(argv + 1, argv + argc));
+    const int code = run(std::vector<std::string>(argv + 1, argv + argc));
+    // What was printed must have arrived (a full disk or /dev/full behind stdout).
+    const bool flushed = std::fflush(stdout) == 0 && !std::ferror(stdout);
+    titan::check(flushed,
+                 "cannot write to standard output (" + titan::io::errno_message(errno) + ")");
+    return code;
   } catch (const titan::Error& e) {
     return fail("error", e.what(), 1);
+  } catch (const std::bad_alloc&) {
+    return fail("error",
+                "out of memory: an allocation failed (a memory limit such as ulimit -v, or more "
+                "than the machine has); 'titan plan' with the same flags shows what the run needs",
+                1);
   } catch (const std::exception& e) {
     return fail("internal error", e.what(), 3);
+  } catch (...) {
+    return fail("internal error", "an exception that is not a std::exception", 3);
   }
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,6 +57,70 @@ void write_file_atomic(const std::string& path, std::string_view data, const cha
 bool is_special_file(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+void check_input_file(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "a special file";
+  throw Error(what + " " + path + " is " + kind +
+              ", not a regular file; give a file (reading it could block or never end)");
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+void check_not_input(const std::string& out, const std::string& what_out, const std::string& in,
+                     const std::string& what_in) {
+  check(!same_file(out, in), what_out + " " + out + " is " + what_in + " " + in +
+                                 ": writing it would destroy it; give another " + what_out);
+}
+
+DirLock::DirLock(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  check(!ec, "cannot create " + what + " " + dir + " (" + ec.message() + ")");
+  const std::string path = (std::filesystem::path(dir) / ".titan.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int e = errno;
+  check(fd_ >= 0, "cannot open " + path + " to lock the " + what + " (" + errno_message(e) + ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int le = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    check(le == EWOULDBLOCK, "cannot lock " + path + " (" + errno_message(le) + ")");
+    const std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    throw Error(what + " " + dir + " is in use by another titan run (PID " +
+                pid.substr(0, pid.find_first_of("\n ")) +
+                "): two runs in one folder would mix their metrics and checkpoints; wait for it "
+                "to end or give another --" +
+                what);
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  const bool noted = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) > 0;
+  (void)noted;  // the PID is for the message only; the lock is what counts
+}
+
+DirLock& DirLock::operator=(DirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces,

@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace titan::io {
 
@@ -37,6 +38,20 @@ void write_file_atomic(const std::string& path, std::initializer_list<std::strin
 // a FIFO, /dev/stdout): the writers above write such a path directly, never replacing it.
 bool is_special_file(const std::string& path);
 
+// Reading. Every file titan reads is checked first (stat only: nothing is opened, so nothing
+// blocks): a FIFO, a device, a socket or a directory where a file is expected is refused with
+// titan::Error "<what> <path> is a FIFO, not a regular file ...". A path that does not exist
+// passes (the reader names it as missing).
+void check_input_file(const std::string& path, const std::string& what);
+
+// Whether a and b name the same existing file (device and inode, whatever the path text:
+// links, "./", symbolic links). An output that is one of the inputs is refused with this.
+bool same_file(const std::string& a, const std::string& b);
+// Throws titan::Error "<what_out> <out> is <what_in> <in>: writing it would destroy it" when
+// they are the same file.
+void check_not_input(const std::string& out, const std::string& what_out, const std::string& in,
+                     const std::string& what_in);
+
 // Makes renames inside dir durable (fsync of the directory). Best effort.
 void fsync_dir(const std::string& dir);
 
@@ -59,6 +74,23 @@ bool parse_temp_name(const std::string& name, std::string* base, std::string* ki
 // Removes dir/NAME.tmp-PID (file or directory) left by a killed run whose PID no longer runs, for
 // each such name. Returns how many were removed; failures to remove are ignored.
 int remove_stale_temps(const std::string& dir, const std::string& name);
+
+// An exclusive lock on a folder for one process (flock on dir/.titan.lock, which holds the
+// holder's PID), held until destroyed. Taking it creates the folder; when another process holds
+// it, throws titan::Error "<what> <dir> is in use by another titan run (PID n) ...".
+class DirLock {
+ public:
+  DirLock() = default;
+  DirLock(const std::string& dir, const std::string& what);
+  DirLock(DirLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  DirLock& operator=(DirLock&& o) noexcept;
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  ~DirLock();
+
+ private:
+  int fd_ = -1;
+};
 
 // A file appended to record by record (metrics.jsonl): each append() writes the whole record or,
 // on failure, truncates the file back to where it was (removing it if this object created it)

@@ -9,6 +9,7 @@
 
 #include "nlohmann/json.hpp"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
 #include "titan/data/chat_template.h"
 
@@ -174,6 +175,7 @@ std::string ChatDocuments::vocab_source() const {
 
 bool is_chat_file(const std::string& file) {
   if (file_format("auto", file) != "jsonl") return false;
+  io::check_input_file(file, "dataset file");
   std::ifstream f(file, std::ios::binary);
   std::string line;
   while (std::getline(f, line) && line.find_first_not_of(" \t\r\n") == std::string::npos) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/data/hf_added_tokens.h"
 #include "titan/data/hf_bpe.h"
 #include "titan/data/hf_regex.h"
@@ -41,6 +42,7 @@ constexpr const char* kByteLevelPattern =
 // JSON helpers
 
 std::string read_file(const fs::path& p) {
+  io::check_input_file(p.string(), "tokenizer file");
   std::ifstream f(p, std::ios::binary);
   if (!f) throw Error("cannot read tokenizer file " + p.string());
   std::ostringstream ss;

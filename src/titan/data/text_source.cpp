@@ -9,6 +9,7 @@
 
 #include "nlohmann/json.hpp"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/data/hf_tokenizer.h"
 
 namespace titan::data {
@@ -84,6 +85,7 @@ void add_path(const std::string& path, const std::string& section, std::vector<s
 }
 
 std::string read_file(const std::string& p) {
+  io::check_input_file(p, "dataset file");
   std::ifstream f(p, std::ios::binary);
   check(f.good(), "cannot read dataset file '" + p + "'");
   std::ostringstream os;

@@ -38,6 +38,7 @@ uint32_t read_u32(const unsigned char* p) {
 TokenShard TokenShard::open(const std::string& path) {
   TokenShard s;
   s.path_ = path;
+  io::check_input_file(path, "token shard");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   check(fd >= 0, path + ": cannot open the token shard: " + std::strerror(errno));
   struct stat stt {};

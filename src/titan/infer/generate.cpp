@@ -110,6 +110,7 @@ std::vector<Prompt> read_prompts(const GenerateOptions& o, const data::Tokenizer
   };
   std::vector<Prompt> r;
   if (!o.prompts_file.empty()) {
+    io::check_input_file(o.prompts_file, "--prompts_file");
     std::ifstream f(o.prompts_file);
     check(f.good(), "--prompts_file '" + o.prompts_file + "' cannot be read");
     std::string line;
@@ -228,6 +229,8 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
   check(!cfg_in.checkpoint.initial_load_path.empty() || !cfg_in.model.hf_assets_path.empty(),
         "titan generate needs weights: set model.hf_assets_path (a Hugging Face directory) or "
         "checkpoint.initial_load_path");
+  if (!o.output.empty() && !o.prompts_file.empty())
+    io::check_not_input(o.output, "--output", o.prompts_file, "--prompts_file");
   auto tok = tokenizer_for(cfg_in);
   const std::vector<Prompt> prompts = read_prompts(o, *tok);
   int64_t longest = 0;

@@ -5,6 +5,7 @@
 
 #include "nlohmann/json.hpp"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/models/lora.h"
 #include "titan/models/qwen3/spec.h"
 #include "titan/ops/device.h"
@@ -62,6 +63,7 @@ LoraOptions lora_options(const config::JobConfig& cfg, uint64_t seed) {
   if (c.adapter_path.empty()) return o;
   // A PEFT adapter: its adapter_config.json decides the shape of the adapters.
   const std::string file = c.adapter_path + "/adapter_config.json";
+  io::check_input_file(file, "lora.adapter_path:");
   std::ifstream in(file);
   check(in.good(), "lora.adapter_path: cannot read " + file +
                        " (point lora.adapter_path at a PEFT adapter directory)");

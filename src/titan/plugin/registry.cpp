@@ -1,9 +1,14 @@
 #include "titan/plugin/registry.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <fnmatch.h>
 
+#include <cstring>
+#include <fstream>
+
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
 
 namespace titan::plugin {
@@ -85,8 +90,56 @@ const config::ModuleType& Registry::module_type(const std::string& name) const {
   return it->second;
 }
 
+namespace {
+
+// A plugin file checked before dlopen maps it: a truncated or corrupt shared object would
+// otherwise fault (SIGBUS) inside the dynamic loader. The ELF header must be a 64-bit one of
+// this machine's architecture, and every program header's file range and the section header
+// table must lie inside the file.
+void check_elf(const std::string& path, const std::string& lib) {
+  io::check_input_file(path, "plugin '" + lib + "':");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return;  // dlopen names what is wrong
+  const auto bad = [&](const std::string& why) {
+    return Error("cannot load plugin '" + lib + "': " + path + " is not a valid shared library (" +
+                 why + "); rebuild it or give the right file");
+  };
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  Elf64_Ehdr eh{};
+  if (!f.read(reinterpret_cast<char*>(&eh), sizeof eh)) throw bad("shorter than an ELF header");
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) throw bad("no ELF magic number");
+#if defined(__x86_64__)
+  constexpr int kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr int kMachine = EM_AARCH64;
+#else
+  const int kMachine = eh.e_machine;  // no check on other architectures
+#endif
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_machine != kMachine)
+    throw bad("not a 64-bit object for this machine's architecture");
+  if (eh.e_type != ET_DYN) throw bad("not a shared object");
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) ||
+      eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr) > size)
+    throw bad("its program headers lie past the end of the file: truncated?");
+  if (eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize > size)
+    throw bad("its section headers lie past the end of the file: truncated?");
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    f.seekg(static_cast<std::streamoff>(eh.e_phoff + uint64_t(i) * sizeof ph));
+    if (!f.read(reinterpret_cast<char*>(&ph), sizeof ph)) throw bad("unreadable program header");
+    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size)
+      throw bad("a loadable segment ends at byte " + std::to_string(ph.p_offset + ph.p_filesz) +
+                " of " + std::to_string(size) + ": truncated?");
+  }
+}
+
+}  // namespace
+
 std::string Registry::load(const std::string& lib) {
   if (loaded_.count(lib)) return lib;
+  if (lib.find('/') != std::string::npos) check_elf(lib, lib);  // a path, not a library name
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::string err = h ? "" : dlerror();
   if (!h && lib.find('/') == std::string::npos) {
@@ -116,6 +169,10 @@ std::string Registry::load(const std::string& lib) {
   } catch (const std::exception& e) {
     origin_ = "titan";
     throw Error("plugin '" + lib + "' failed while registering: " + e.what());
+  } catch (...) {
+    origin_ = "titan";
+    throw Error("plugin '" + lib +
+                "' failed while registering: it threw something that is not a std::exception");
   }
   origin_ = "titan";
   loaded_.insert(lib);  // the handle stays open: registered functions live in it

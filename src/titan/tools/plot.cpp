@@ -57,6 +57,8 @@ std::string esc(const std::string& s) {
 }  // namespace
 
 void plot_metrics(const std::string& path, const std::string& out, const std::string& title) {
+  io::check_input_file(path, "metrics file");
+  io::check_not_input(out, "--output", path, "the metrics file");
   std::ifstream f(path);
   check(f.good(),
         path + " cannot be read; pass the dump_folder of a run with metrics.enable_jsonl");

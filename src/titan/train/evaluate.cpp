@@ -8,6 +8,7 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
 #include "titan/data/dataset.h"
 #include "titan/data/packed_loader.h"
@@ -86,6 +87,9 @@ EvalResult evaluate(const config::JobConfig& cfg) {
                 "; check them");
   };
   if (!cfg.eval.tokens_path.empty()) {
+    if (!cfg.eval.logits_out.empty())
+      io::check_not_input(cfg.eval.logits_out, "eval.logits_out", cfg.eval.tokens_path,
+                          "eval.tokens_path");
     ckpt::SafetensorsSet set = ckpt::SafetensorsSet::open(cfg.eval.tokens_path);
     const ckpt::TensorView* ids_t = set.find("input_ids");
     check(ids_t, cfg.eval.tokens_path + ": no tensor 'input_ids'");

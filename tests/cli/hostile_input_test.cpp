@@ -1,0 +1,134 @@
+// Hostile input that used to crash, hang or destroy data now ends in one "titan: error:" line and
+// exit 1: special files where a file is read, an output that is one of the inputs, a full
+// stdout, a second run on a dump folder in use, a file-size limit hit while saving, corrupt or
+// misbehaving plugins, and a plan that does not fit.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+#include "titan/core/file_io.h"
+
+namespace {
+namespace fs = std::filesystem;
+using Result = ::titan::testing::CliResult;
+
+// `sh -c CMD` with stdout and stderr together; every command runs under `timeout 60`, so a hang
+// fails the test instead of stalling the suite.
+Result sh(const std::string& cmd) {
+  FILE* f = popen(("timeout 60 sh -c '" + cmd + "' 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+const std::string kTitan = TITAN_BINARY;
+
+void expect_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  const size_t at = r.out.find("titan: error: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(needle, at), std::string::npos) << "missing '" << needle << "' in:\n"
+                                                       << r.out;
+  EXPECT_EQ(r.out.find('\n', at), r.out.size() - 1) << "the error is the last line:\n" << r.out;
+}
+
+std::string tiny_train(const std::string& dump) {
+  return kTitan +
+         " train --config qwen3_debugmodel --model.n_layers 1 --model.dim 64 --training.steps 1 "
+         "--training.seq_len 16 --training.local_batch_size 1 --metrics.peak_flops 1e11 "
+         "--dump_folder " +
+         dump;
+}
+
+TEST(CliHostile, SpecialFilesAreRefusedNotRead) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_special");
+  const std::string fifo = d + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error(sh(kTitan + " tokenize --input " + fifo + " --output " + d + "/o.bin"),
+               "dataset file " + fifo + " is a FIFO, not a regular file");
+  expect_error(sh(tiny_train(d + "/run") + " --dataloader.dataset text --dataloader.dataset_path " +
+                  "/dev/zero"),
+               "/dev/zero is a character device, not a regular file");
+  fs::create_directories(d + "/hf/config.json");
+  expect_error(sh(kTitan + " train --config qwen3_debugmodel --model.hf_assets_path " + d +
+                  "/hf --dump_folder " + d + "/run2"),
+               d + "/hf/config.json: not a regular file");
+  fs::remove(fifo);
+}
+
+TEST(CliHostile, AnOutputThatIsAnInputIsRefused) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_same");
+  const std::string in = d + "/corpus.txt";
+  std::ofstream(in) << "some words to tokenize\n";
+  fs::create_hard_link(in, d + "/link.txt");
+  fs::create_symlink(in, d + "/sym.txt");
+  for (const std::string& out : {in, d + "/link.txt", d + "/sym.txt", d + "/./corpus.txt"})
+    expect_error(
+        sh(kTitan + " tokenize --input " + in + " --output " + out),
+        "titan tokenize --output " + out + " is --input " + in + ": writing it would destroy it");
+  // A file of the input folder.
+  expect_error(sh(kTitan + " tokenize --input " + d + " --output " + in),
+               "is a file of the --input folder");
+  EXPECT_EQ(fs::file_size(in), 23u) << "the input is intact";
+}
+
+TEST(CliHostile, AFullStdoutIsAnError) {
+  const Result r = sh(kTitan + " config show --config qwen3_debugmodel 2>&1 >/dev/full");
+  expect_error(r, "cannot write to standard output (No space left on device)");
+}
+
+TEST(CliHostile, ASecondRunOnTheSameDumpFolderIsRefused) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_lock");
+  {
+    titan::io::DirLock held(d + "/run", "dump_folder");  // a run of this process holds it
+    expect_error(sh(tiny_train(d + "/run")), "dump_folder " + d + "/run is in use by another " +
+                                                 "titan run (PID " + std::to_string(getpid()) +
+                                                 ")");
+  }
+  const Result r = sh(tiny_train(d + "/run"));  // released: it runs
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+TEST(CliHostile, AFileSizeLimitIsAnErrorNamingTheFile) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_fsize");
+  const Result r = sh("ulimit -f 64; " + tiny_train(d + "/run") + " --checkpoint.enable");
+  expect_error(r, "File too large");
+  EXPECT_NE(r.out.find(d + "/run/checkpoint/"), std::string::npos) << r.out;
+}
+
+TEST(CliHostile, CorruptOrMisbehavingPluginsAreNamed) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_plugin");
+  const std::string good = std::string(TITAN_PLUGIN_DIR) + "/libtitan_layout_rope.so";
+  const std::string cut = d + "/libcut.so";
+  fs::copy_file(good, cut);
+  fs::resize_file(cut, fs::file_size(good) / 2);
+  expect_error(sh(kTitan + " config list --module " + cut),
+               "cannot load plugin '" + cut + "': " + cut + " is not a valid shared library");
+  std::ofstream(d + "/text.so") << std::string(100, '#') << " not an ELF file at all\n";
+  std::ofstream(d + "/short.so") << "short\n";
+  expect_error(sh(kTitan + " config list --module " + d + "/short.so"),
+               "shorter than an ELF header");
+  expect_error(sh(kTitan + " config list --module " + d + "/text.so"), "no ELF magic number");
+  const std::string thrower = std::string(TITAN_PLUGIN_DIR) + "/libtitan_test_throws_non_std.so";
+  expect_error(sh(kTitan + " config list --module " + thrower),
+               "plugin '" + thrower +
+                   "' failed while registering: it threw something that is not a std::exception");
+}
+
+TEST(CliHostile, APlanThatDoesNotFitSaysSoOnStderr) {
+  const Result r = sh(kTitan +
+                      " plan --config qwen3_debugmodel --training.local_batch_size 4096 2>&1 "
+                      ">/dev/null");
+  expect_error(r, "the run needs");
+}
+
+}  // namespace
