@@ -104,6 +104,12 @@ struct TensorSize {
   // attention; the logits chunk with loss parallelism).
   enum class Tp { full, sequence, feature };
   Tp tp = Tp::full;
+  // What the memory plan must know of a few tensors, whatever the model calls them: a MoE
+  // layer's routing weights [T, K] (expert parallelism's dispatch sends and keeps T·K rows of
+  // the hidden size, saved or, under activation checkpointing, recomputed), and the loss's
+  // workspace (the bf16 converting path copies it).
+  enum class Role { none, routing_weights, loss_scratch };
+  Role role = Role::none;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t s : shape) n *= s;

@@ -81,8 +81,9 @@ int64_t tp_local(const models::ParamInfo& q, const dist::ParallelDims& d) {
 
 int64_t tp_local(const models::TensorSize& s, const dist::ParallelDims& d) {
   using Tp = models::TensorSize::Tp;
-  const bool split = s.tp == Tp::feature ? (s.name != "loss.scratch" || d.loss_parallel)
-                                         : s.tp == Tp::sequence && d.sp;
+  const bool split = s.tp == Tp::feature
+                         ? (s.role != models::TensorSize::Role::loss_scratch || d.loss_parallel)
+                         : s.tp == Tp::sequence && d.sp;
   return split ? ceil_div(s.aligned_bytes(), 64 * d.tp) * 64 : s.aligned_bytes();
 }
 }  // namespace
@@ -122,8 +123,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
     const int64_t D = m.dims().dim;
     int64_t rows = 0;
     for (const auto& s : m.activation_table()) {
-      if (s.name.size() < 18 || s.name.compare(s.name.size() - 18, 18, "moe.router.weights"))
-        continue;
+      if (s.role != models::TensorSize::Role::routing_weights) continue;
       rows = std::max(rows, s.numel());
       if (s.saved || ep_bytes == 0) ep_bytes += 4 * s.numel() * (D + 2);
     }
@@ -133,7 +133,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   int64_t largest = 0, loss_scratch = 0;  // sizes behind the converting path's copies
   for (const auto& q : m.params()) largest = std::max(largest, q.numel);
   for (const auto& s : m.activation_table())
-    if (s.name == "loss.scratch") loss_scratch = s.numel();
+    if (s.role == models::TensorSize::Role::loss_scratch) loss_scratch = s.numel();
   const int64_t global = t.global_batch_size == -1 ? t.local_batch_size : t.global_batch_size;
   const int64_t step_tokens = global * t.seq_len;
   const ops::Device& dev = ops::device(t.device);

@@ -290,6 +290,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     if (moe) {
       add("moe.router.probs", l, true, {T, E}, &s.probs);
       add("moe.router.weights", l, true, {T, K}, &s.rw);
+      sizes_.back().role = models::TensorSize::Role::routing_weights;
       add("moe.experts.saved", l, true, {experts_ops_[l].saved_floats(es)}, &s.experts);
       add("moe.router.indices", l, true, {T, K}, &s.idx);
     } else {
@@ -317,6 +318,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
     if (full && shared_moe) {
       add("recompute.moe.router.probs", -1, false, {T, E}, &r.probs);
       add("recompute.moe.router.weights", -1, false, {T, K}, &r.rw);
+      sizes_.back().role = models::TensorSize::Role::routing_weights;
       add("recompute.moe.experts.saved", -1, false, {shared_experts}, &r.experts);
       add("recompute.moe.router.indices", -1, false, {T, K}, &r.idx);
     }
@@ -348,6 +350,7 @@ void Qwen3Model::declare_tensors(std::vector<void**>* slots) {
        : bf16_      ? ops::lm_head_ce_bf16_scratch(T, V, D, loss_chunk_rows_)
                     : ops::lm_head_ce_scratch(T, V, loss_chunk_rows_)},
       &loss_scratch_);
+  sizes_.back().role = models::TensorSize::Role::loss_scratch;
   if (tp_.active()) add("tp.buffer", -1, false, {T, D}, &tp_buf_);
   if (bf16_)  // the bf16 operands of the widest projection's backward: M·(in + out)
     add("linear.bf16_operands", -1, false, {T * std::max({D + QKV, Q + D, D + 2 * F, F + D})},
