@@ -444,11 +444,12 @@ TEST(CliBadInput, NonFiniteWeights) {
       "the loss is not finite (nan): the weights from model.hf_assets_path '" + d +
           "' hold 1 non-finite value(s) (the first in 'norm.weight'); check them",
       false);
-  const Result r = titan(tiny_train(temp_dir() + "/nan_run") + " --dataloader.dataset_path " +
-                         corpus + " --model.hf_assets_path " + d +
-                         " --model.n_layers 0 --model.dim 0 --checkpoint.initial_load_in_hf "
-                         "--checkpoint.initial_load_path " +
-                         d);
+  const Result r = titan(
+      "train --config qwen3_debugmodel --training.steps 1 --training.seq_len 16 "
+      "--training.local_batch_size 1 --metrics.peak_flops 1e11 --metrics.enable_jsonl false "
+      "--dump_folder " +
+      temp_dir() + "/nan_run --dataloader.dataset_path " + corpus + " --model.hf_assets_path " + d +
+      " --checkpoint.initial_load_in_hf --checkpoint.initial_load_path " + d);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("titan: error: step 1: loss "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the initial weights from checkpoint.initial_load_path '" + d +

@@ -40,6 +40,92 @@ TEST(JobConfig, FlagFormsAndPrecedence) {
   EXPECT_EQ(c.training.seq_len, 32);
 }
 
+// Each value is checked where it enters, and every kind of mistake below, walked over several
+// fields and values, is refused in one line naming the field.
+TEST(JobConfig, FlagMistakesAreRefusedWhereTheyEnter) {
+  register_builtin_configs();
+  JobConfig c = make_config("qwen3_debugmodel");
+  // A flag given twice with different values: the last one is used, with a warning.
+  for (const auto& [a, v, b] : {std::tuple{"--training.steps", "5", "--training.steps=6"},
+                                {"--model.flavor", "0.6B", "--model.flavor=4B"},
+                                {"--dataloader.shuffle", "1", "--dataloader.shuffle=false"}}) {
+    ::testing::internal::CaptureStdout();
+    EXPECT_EQ(error_of(c, {a, v, b}), "");
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(out.find(std::string(a) + " is given twice, as '" + v + "' and then '"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("': the last one is used"), std::string::npos) << out;
+  }
+  EXPECT_EQ(c.training.steps, 6);
+  EXPECT_EQ(c.model.flavor, "4B");
+  EXPECT_FALSE(c.dataloader.shuffle);
+  // A boolean flag followed by a word that is not a boolean.
+  for (const char* word : {"yes", "no", "on", "2"}) {
+    const std::string e = error_of(c, {"--debug.print_config", word});
+    EXPECT_NE(e.find("--debug.print_config expects true or false (or True, False, 1, 0), got '" +
+                     std::string(word) + "'"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_EQ(
+      error_of(c, {"--debug.print_config", "0", "--metrics.enable_jsonl", "--training.steps", "3"}),
+      "");
+  // An explicit 0 for a field where 0 means "not given" (the model's size overrides).
+  for (const char* f : {"--model.n_layers", "--model.dim", "--model.n_heads", "--model.vocab_size",
+                        "--model.rope_theta", "--model.num_experts", "--model.top_k"})
+    for (const char* zero : {"0", "0.0", "-0"}) {
+      if (std::string(zero) != "0" && std::string(f) != "--model.rope_theta") continue;
+      const std::string e = error_of(c, {f, zero});
+      EXPECT_NE(e.find(std::string(f) + " " + zero + " is not a valid value"), std::string::npos)
+          << e;
+    }
+}
+
+// Options that would do nothing in the run are refused, naming the option and what gives it an
+// effect; the same values with their effect are accepted.
+TEST(JobConfig, OptionsWithoutEffectAreRefused) {
+  register_builtin_configs();
+  auto build = [](const std::vector<std::string>& flags) {
+    return titan::testing::error_of([&] { build_job_config("qwen3_debugmodel", flags); });
+  };
+  for (const auto& [flag, value] : {std::pair{"--lora.alpha", "8"},
+                                    {"--lora.dropout", "0.1"},
+                                    {"--lora.target_modules", "wq"},
+                                    {"--lora.use_rslora", "true"}}) {
+    const std::string e = build({flag, value});
+    EXPECT_NE(e.find(std::string(flag).substr(2) + " has no effect without adapters"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(build({flag, value, "--lora.rank", "4"}), "");
+  }
+  for (const char* step : {"0", "3"}) {
+    EXPECT_NE(build({"--checkpoint.load_step", step}).find("has no effect with checkpoint.enable"),
+              std::string::npos);
+    EXPECT_EQ(build({"--checkpoint.load_step", step, "--checkpoint.enable"}), "");
+  }
+  for (const char* mode : {"none", "full"})
+    EXPECT_NE(build({"--activation_checkpoint.mode", mode,
+                     "--activation_checkpoint.selective_ac_option", "op"})
+                  .find("selective_ac_option 'op' has no effect with activation_checkpoint.mode " +
+                        std::string(mode)),
+              std::string::npos);
+  EXPECT_EQ(build({"--activation_checkpoint.mode", "selective",
+                   "--activation_checkpoint.selective_ac_option", "op"}),
+            "");
+  // Ranges checked where the value enters.
+  EXPECT_NE(build({"--metrics.peak_flops", "-1"}).find("metrics.peak_flops must be positive"),
+            std::string::npos);
+  for (const char* step : {"-2", "-100"})
+    EXPECT_NE(build({"--checkpoint.enable", "--checkpoint.load_step", step})
+                  .find("checkpoint.load_step must be a step number, or -1"),
+              std::string::npos);
+  for (const char* alpha : {"0", "-1"})
+    EXPECT_NE(
+        build({"--lora.rank", "4", "--lora.alpha", alpha}).find("lora.alpha must be positive"),
+        std::string::npos);
+}
+
 TEST(JobConfig, Errors) {
   JobConfig c;
   EXPECT_NE(error_of(c, {"--training.sq_len", "3"}).find("did you mean --training.seq_len"),

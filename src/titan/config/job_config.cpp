@@ -12,6 +12,7 @@
 
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
+#include "titan/core/log.h"
 #include "toml++/toml.h"
 
 namespace titan::config {
@@ -301,6 +302,10 @@ void apply_flags(JobConfig& c, const std::vector<std::string>& args) {
   std::vector<Field> fs = fields(c);
   std::vector<std::string> names;
   for (const auto& f : fs) names.push_back(f.name);
+  std::map<std::string, std::string> given;  // flag -> its text, for a flag given twice
+  const auto is_bool_word = [](const std::string& v) {
+    return v == "true" || v == "false" || v == "True" || v == "False" || v == "1" || v == "0";
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0 || a.size() == 2)
@@ -318,16 +323,37 @@ void apply_flags(JobConfig& c, const std::vector<std::string>& args) {
                   "? ('titan config show' lists every field)");
     if (!has_value) {
       if (std::holds_alternative<bool*>(it->ref)) {
-        bool next_is_bool =
-            i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false" ||
-                                    args[i + 1] == "True" || args[i + 1] == "False");
-        value = next_is_bool ? args[++i] : "true";
+        // --flag alone is true; a word after it is its value, which must be a boolean.
+        const bool has_word = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+        check(!has_word || is_bool_word(args[i + 1]),
+              "--" + name + " expects true or false (or True, False, 1, 0), got '" +
+                  (has_word ? args[i + 1] : "") + "'");
+        value = has_word ? args[++i] : "true";
       } else {
         if (i + 1 >= args.size()) throw Error("--" + name + " needs a value");
         value = args[++i];
       }
     }
+    // Given twice with different values: the last one is used (as argparse and torchtitan do,
+    // so that a script can append an override), and said once.
+    if (auto [at, first] = given.emplace(name, value); !first && at->second != value) {
+      log::warn("--" + name + " is given twice, as '" + at->second + "' and then '" + value +
+                "': the last one is used");
+      at->second = value;
+    }
     parse_value("--" + name, value, it->ref);
+    // "0: keep" fields: 0 is what leaving the flag out means, so an explicit 0 is a mistake.
+    const bool zero = std::visit(
+        [](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) return *p == 0;
+          return false;
+        },
+        it->ref);
+    check(!zero || !it->help.ends_with("(0: keep)"),
+          "--" + name + " " + value +
+              " is not a valid value (0 is the default, which keeps the flavor's value); give "
+              "a positive value or leave the flag out");
   }
 }
 
@@ -479,9 +505,43 @@ void apply_toml_file(JobConfig& c, const std::string& path) {
   }
 }
 
+namespace {
+
+// Options that would do nothing in this run are refused, one line each, as eval.logits_out
+// without eval.tokens_path is: a value changed from the config function's (by the job file or a
+// flag) that no part of the run would read. (torchtitan ignores most of these silently; a
+// mistyped intent is then found only when the result is wrong.)
+void check_no_dead_options(const JobConfig& c, const JobConfig& base) {
+  const LoraConfig &lo = c.lora, &lb = base.lora;
+  if (lo.rank == 0 && lo.adapter_path.empty()) {  // no adapters
+    const char* f = lo.alpha != lb.alpha                       ? "alpha"
+                    : lo.dropout != lb.dropout                 ? "dropout"
+                    : lo.target_modules != lb.target_modules   ? "target_modules"
+                    : lo.use_rslora != lb.use_rslora           ? "use_rslora"
+                    : lo.merge_on_export != lb.merge_on_export ? "merge_on_export"
+                                                               : nullptr;
+    check(f == nullptr, std::string("lora.") + (f ? f : "") +
+                            " has no effect without adapters: set lora.rank (or "
+                            "lora.adapter_path), or leave lora." +
+                            (f ? f : "") + " out");
+  }
+  check(c.checkpoint.enable || c.checkpoint.load_step == base.checkpoint.load_step,
+        "checkpoint.load_step " + std::to_string(c.checkpoint.load_step) +
+            " has no effect with checkpoint.enable false (nothing is resumed); add "
+            "--checkpoint.enable true or leave checkpoint.load_step out");
+  const auto &ac = c.activation_checkpoint, &ab = base.activation_checkpoint;
+  check(ac.mode == "selective" || ac.selective_ac_option == ab.selective_ac_option,
+        "activation_checkpoint.selective_ac_option '" + ac.selective_ac_option +
+            "' has no effect with activation_checkpoint.mode " + ac.mode +
+            "; set the mode to selective or leave the option out");
+}
+
+}  // namespace
+
 JobConfig build_job_config(const std::string& name, const std::vector<std::string>& flags,
                            const std::function<void(const JobConfig&)>& check_model) {
   JobConfig c = make_config(name);
+  const JobConfig base = c;  // the config function's values, before the job file and flags
   // The TOML file comes first whatever its position among the flags: flags > TOML > function.
   std::vector<std::string> rest;
   std::string file;
@@ -510,6 +570,7 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
   auto& initial = c.checkpoint.initial_load_path;
   if (!initial.empty()) initial = io::absolute_path(initial);
   validate(c);
+  check_no_dead_options(c, base);
   if (check_model) check_model(c);
   if (!c.debug.save_config_file.empty()) {
     // The resolved config: a job file it came from is already merged in, so the saved file names
@@ -594,6 +655,9 @@ void validate(const JobConfig& c) {
   check(c.lr_scheduler.decay_ratio < 0 || c.lr_scheduler.decay_ratio <= 1,
         "lr_scheduler.decay_ratio must be in [0, 1] (or negative for none)");
   check(c.metrics.log_freq > 0, "metrics.log_freq must be positive");
+  check(c.metrics.peak_flops >= 0,
+        "metrics.peak_flops must be positive (FLOP/s), or 0 to measure it at start; got " +
+            shortest(c.metrics.peak_flops));
   check(!c.metrics.enable_tensorboard || !c.metrics.save_tb_folder.empty(),
         "metrics.save_tb_folder must not be empty with metrics.enable_tensorboard (default: tb)");
   check(c.loss.num_chunks > 0, "loss.num_chunks must be positive");
@@ -609,6 +673,9 @@ void validate(const JobConfig& c) {
   }
   const auto& k = c.checkpoint;
   check(k.interval >= 1, "checkpoint.interval must be at least 1");
+  check(k.load_step >= -1,
+        "checkpoint.load_step must be a step number, or -1 for the latest; got " +
+            std::to_string(k.load_step));
   check(k.keep_latest_k == 0 || k.keep_latest_k >= 2,
         "checkpoint.keep_latest_k must be 0 (keep all) or at least 2");
   check(!k.initial_load_in_hf || k.initial_load_model_only,
@@ -632,7 +699,9 @@ void validate(const JobConfig& c) {
         "lora.rank must be 0 (no adapters) or positive, got " + std::to_string(lo.rank));
   check(lo.dropout >= 0 && lo.dropout < 1,
         "lora.dropout must be in [0, 1), got " + shortest(lo.dropout));
-  check(lo.rank == 0 || std::isfinite(lo.alpha), "lora.alpha must be finite");
+  check(lo.rank == 0 || (std::isfinite(lo.alpha) && lo.alpha > 0),
+        "lora.alpha must be positive (the adapters are scaled by alpha / rank), got " +
+            shortest(lo.alpha));
   const auto& vc = c.validator;
   check(vc.freq > 0, "validator.freq must be positive");
   check(vc.steps == -1 || vc.steps > 0, "validator.steps must be -1 (the whole set) or positive");

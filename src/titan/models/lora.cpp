@@ -24,6 +24,10 @@ std::vector<std::string> lora_target_leaves(const std::string& list) {
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
     start = end + 1;
+    check(!name.empty() || list.find_first_not_of(" \t,") == std::string::npos,
+          "lora.target_modules '" + list +
+              "' has an empty name (two commas, or one at an end); list the projections as "
+              "wq,wv");
     if (name.empty()) continue;
     if (auto it = hf.find(name); it != hf.end()) name = it->second;
     check(leaves.count(name) == 1,

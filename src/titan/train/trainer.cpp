@@ -716,6 +716,10 @@ void Trainer::reduce_and_update(StepResult& r) {
             " give a non-finite loss before any update; check them (and the data)";
     else
       why = "lower optimizer.lr or check the data";
+    if (step_ != first_step_ && cfg_.optimizer.eps == 0)
+      why +=
+          "; optimizer.eps is 0, so a weight whose gradient and moments are exactly 0 is "
+          "updated by 0/0 = NaN: give a positive optimizer.eps (the default is 1e-8)";
     throw Error(std::string(msg) + ": " + why);
   }
   if (!step_in_backward_) opt_->clip_by_norm(shard_grad, len, r.grad_norm, cfg_.training.max_norm);

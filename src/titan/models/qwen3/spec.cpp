@@ -28,6 +28,10 @@ Qwen3Args args_from_config(const config::JobConfig& c) {
   over(c.model.vocab_size, a.vocab_size);
   if (c.model.rope_theta != 0) a.rope_theta = c.model.rope_theta;
   a.attn_mask_type = c.model.attn_mask_type;
+  for (const auto& [v, field] : {std::pair{c.model.num_experts, "num_experts"},
+                                 {c.model.top_k, "top_k"},
+                                 {c.model.moe_hidden_dim, "moe_hidden_dim"}})
+    check(v >= 0, std::string("model.") + field + " must be positive, got " + std::to_string(v));
   if (c.model.num_experts != 0 || c.model.top_k != 0 || c.model.moe_hidden_dim != 0)
     check(
         a.is_moe() || (c.model.num_experts > 0 && c.model.top_k > 0 && c.model.moe_hidden_dim > 0),
