@@ -105,6 +105,24 @@ TEST(CliHostile, AFileSizeLimitIsAnErrorNamingTheFile) {
   EXPECT_NE(r.out.find(d + "/run/checkpoint/"), std::string::npos) << r.out;
 }
 
+// An address-space limit below what the run needs: one line with the size asked and the plan's
+// figure, not a crash. (Under AddressSanitizer, whose shadow memory needs terabytes of address
+// space, no program starts under such a limit.)
+TEST(CliHostile, AnAllocationFailureNamesTheSizeAndThePlan) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "ulimit -v cannot be combined with AddressSanitizer";
+#endif
+  const std::string d = titan::testing::fresh_temp_dir("hostile_oom");
+  for (const char* kib : {"1500000", "3000000"}) {
+    const Result r = sh(std::string("ulimit -v ") + kib + "; " + kTitan +
+                        " train --config qwen3_debugmodel --training.local_batch_size 4 "
+                        "--training.seq_len 2048 --training.steps 1 --dump_folder " +
+                        d + "/run" + kib);
+    expect_error(r, "out of memory: an allocation of ");
+    EXPECT_NE(r.out.find(" GiB failed (the memory plan counted "), std::string::npos) << r.out;
+  }
+}
+
 TEST(CliHostile, CorruptOrMisbehavingPluginsAreNamed) {
   const std::string d = titan::testing::fresh_temp_dir("hostile_plugin");
   const std::string good = std::string(TITAN_PLUGIN_DIR) + "/libtitan_layout_rope.so";

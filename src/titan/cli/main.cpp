@@ -14,6 +14,7 @@
 
 #include "titan/config/builtin_configs.h"
 #include "titan/config/job_config.h"
+#include "titan/core/buffer.h"
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
@@ -351,11 +352,24 @@ int main(int argc, char** argv) {
     return code;
   } catch (const titan::Error& e) {
     return fail("error", e.what(), 1);
-  } catch (const std::bad_alloc&) {
-    return fail("error",
-                "out of memory: an allocation failed (a memory limit such as ulimit -v, or more "
-                "than the machine has); 'titan plan' with the same flags shows what the run needs",
-                1);
+  } catch (const std::bad_alloc& e) {
+    const auto* oom = dynamic_cast<const titan::OutOfMemory*>(&e);
+    const auto gib = [](double bytes) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.3f GiB", bytes / (1024.0 * 1024 * 1024));
+      return std::string(b);
+    };
+    const int64_t planned = titan::planned_bytes();
+    const std::string msg =
+        "out of memory: " +
+        (oom ? "an allocation of " + gib(static_cast<double>(oom->bytes())) + " failed"
+             : std::string("an allocation failed")) +
+        (planned > 0 ? " (the memory plan counted " + gib(static_cast<double>(planned)) +
+                           " for the whole run)"
+                     : std::string()) +
+        "; a memory limit (ulimit -v) or other processes leave less than the machine "
+        "has; 'titan plan' with the same flags shows each part";
+    return fail("error", msg.c_str(), 1);
   } catch (const std::exception& e) {
     return fail("internal error", e.what(), 3);
   } catch (...) {

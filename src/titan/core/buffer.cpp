@@ -3,7 +3,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+
 namespace titan {
+
+namespace {
+std::atomic<int64_t> g_planned{0};
+}  // namespace
+
+void note_planned_bytes(int64_t bytes) { g_planned = bytes; }
+int64_t planned_bytes() { return g_planned; }
 
 void zero_and_release(void* p, size_t bytes) {
   if (bytes == 0) return;
@@ -77,13 +86,13 @@ void Storage::resize(size_t nbytes) {
     mem_.memset(p_, 0, padded);
   } else if (padded >= kMapBytes) {
     void* p = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
+    if (p == MAP_FAILED) throw OutOfMemory(padded);
     ::madvise(p, padded, MADV_HUGEPAGE);  // fewer faults (and TLB misses); best effort
     p_ = p;
     mapped_ = padded;
   } else {
     p_ = std::aligned_alloc(64, padded);
-    if (!p_) throw std::bad_alloc();
+    if (!p_) throw OutOfMemory(padded);
     std::memset(p_, 0, padded);
   }
   nbytes_ = nbytes;

@@ -17,6 +17,22 @@
 
 namespace titan {
 
+// A failed allocation of tensor memory (Storage, a backend's alloc): a std::bad_alloc that says
+// how many bytes were asked, so that the error line can name the size.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(size_t bytes) : bytes_(bytes) {}
+  size_t bytes() const { return bytes_; }
+  const char* what() const noexcept override { return "titan::OutOfMemory"; }
+
+ private:
+  size_t bytes_;
+};
+// The memory plan's total for this process's run (noted by the plan's check before anything is
+// allocated), for the message of an allocation that fails anyway; 0 when no plan was made.
+void note_planned_bytes(int64_t bytes);
+int64_t planned_bytes();
+
 // Zeroes x[0:n) and gives the whole memory pages inside it back to the OS (madvise
 // MADV_DONTNEED: they read as zeros and take memory again only when written); the partial pages
 // at either end are zeroed in place. How FSDP reshards a unit's parameters and gradients.

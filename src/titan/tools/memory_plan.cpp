@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "titan/core/buffer.h"
 #include "titan/core/cpu.h"
 #include "titan/core/error.h"
 #include "titan/models/registry.h"
@@ -308,6 +309,7 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
 void check_fits(const MemoryPlan& plan) {
   const bool host = ops::device(plan.device).host;
   const int64_t have = host ? cpu::total_memory_bytes() : plan.capacity;
+  note_planned_bytes(plan.total());  // for the message of an allocation that fails anyway
   if (have <= 0) return;  // a device whose memory cannot be queried: its allocation will say
   const std::string where = host ? "this machine has " : "the " + plan.device + " device has ";
   const MemoryPlan::Line* largest = nullptr;

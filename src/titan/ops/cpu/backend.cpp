@@ -6,12 +6,14 @@
 #include <cstring>
 #include <new>
 
+#include "titan/core/buffer.h"
+
 namespace titan::ops {
 namespace {
 
 void* host_alloc(size_t bytes) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (!p && bytes) throw std::bad_alloc();
+  if (!p && bytes) throw OutOfMemory(bytes);
   return p;
 }
 void host_free(void* p) { std::free(p); }
