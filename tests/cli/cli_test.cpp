@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "test_util.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/ops/device.h"
@@ -162,6 +163,18 @@ TEST(Cli, BadHuggingFaceDirectories) {
   expect_error(eval + d + " --model.hidden_dim 65",
                "wrong shapes: model.layers.0.mlp.down_proj.weight");
   expect_error(eval + "/nonexistent/model", "/nonexistent/model/config.json");
+  // config.json ties the head, but the weights carry their own, different lm_head.weight.
+  d = temp_dir() + "/tied_but_untied";
+  std::filesystem::remove_all(d);
+  std::filesystem::copy(std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/untied_gqa1", d);
+  {
+    std::ifstream in(d + "/config.json");
+    nlohmann::json c = nlohmann::json::parse(in);
+    c["tie_word_embeddings"] = true;
+    std::ofstream(d + "/config.json") << c.dump();
+  }
+  expect_error(eval + d, d + ": config.json has tie_word_embeddings true, but the weights carry "
+                             "an lm_head.weight that differs from model.embed_tokens.weight");
 }
 
 TEST(Cli, EvalReportsPerplexity) {

@@ -494,6 +494,47 @@ TEST(HfTokenizer, AbsurdIdIsRefusedBeforeAllocating) {
             std::string::npos);
 }
 
+// Two tokens sharing an id make decoding ambiguous: refused, naming both (escaped).
+TEST(HfTokenizer, SharedVocabularyIdsAreRefused) {
+  TempDir dir;
+  for (const auto& [a, b] : {std::pair{"zzz", "yyy"}, {"q", "\u0001"}}) {
+    json j = tiny_json();
+    j["model"]["vocab"][a] = 7;
+    j["model"]["vocab"][b] = 7;
+    dir.write("tokenizer.json", j.dump());
+    const std::string msg = load_error(dir.path());
+    EXPECT_NE(msg.find("model.vocab: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(" share id 7; the tokenizer.json is likely corrupt"), std::string::npos)
+        << msg;
+  }
+}
+
+// An added token whose recorded id is not the one the tokenizers library gives it: the same
+// assignment (the next id after the vocabulary), and the same warning as that library.
+TEST(HfTokenizer, AddedTokenIdsThatDifferFromTheFileAreSaid) {
+  TempDir dir;
+  for (const int64_t id : {5000, 2100}) {
+    json j = tiny_json();
+    j["added_tokens"].push_back({{"id", id},
+                                 {"content", "<zz>"},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
+    dir.write("tokenizer.json", j.dump());
+    ::testing::internal::CaptureStdout();
+    const HfTokenizer tok = HfTokenizer::load(dir.path().string());
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    const std::vector<int32_t> ids = tok.encode("<zz>", false, false);
+    ASSERT_EQ(ids.size(), 1u);
+    EXPECT_NE(out.find("added token '<zz>' was expected to have id " + std::to_string(id) +
+                       " but was given id " + std::to_string(ids[0])),
+              std::string::npos)
+        << out;
+  }
+}
+
 TEST(HfTokenizer, MissingFileNamesThePath) {
   const fs::path missing = fs::temp_directory_path() / "titan_no_such_tokenizer_dir";
   const std::string msg = load_error(missing);

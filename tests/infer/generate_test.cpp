@@ -17,6 +17,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -204,6 +205,29 @@ TEST(Generate, BadInputIsOneClearError) {
   config::JobConfig no_tok = fixture_config("tied_gqa2");
   no_tok.dataloader.tokenizer = "auto";  // the fixture directory has no tokenizer.json
   EXPECT_NE(gen_error(no_tok, longer).find("no tokenizer"), std::string::npos);
+  // generation_config.json's fields, checked as they are read (the file and field named).
+  const std::string bad = testing::fresh_temp_dir("generate_bad_gen") + "/m";
+  for (const auto& [field, value, says] :
+       {std::tuple{"eos_token_id", json(99999), "'eos_token_id' 99999 is outside the model's"},
+        {"eos_token_id", json::array({1, -3}), "'eos_token_id' -3 is outside"},
+        {"eos_token_id", json("x"), "'eos_token_id' must be a token id"},
+        {"temperature", json(-1.0), "'temperature' must not be negative"},
+        {"top_p", json(2.0), "'top_p' must be in (0, 1]"},
+        {"top_p", json(0), "'top_p' must be in (0, 1]"},
+        {"top_k", json(-5), "'top_k' must be a whole number"},
+        {"do_sample", json("yes"), "'do_sample' must be true or false"}}) {
+    std::filesystem::remove_all(bad);
+    std::filesystem::copy(std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2", bad);
+    json g = {{field, value}};
+    std::ofstream(bad + "/generation_config.json") << g.dump();
+    config::JobConfig c = fixture_config("tied_gqa2");
+    c.model.hf_assets_path = bad;
+    GenerateOptions hi;  // ids within the fixture's vocabulary of 1000
+    hi.prompts_file = write_prompts(std::filesystem::path(bad).parent_path(), {{1, 2, 3}});
+    hi.max_new_tokens = 2;
+    const std::string e = gen_error(c, hi);
+    EXPECT_NE(e.find(bad + "/generation_config.json: field " + says), std::string::npos) << e;
+  }
   config::JobConfig no_weights = fixture_config("tied_gqa2");
   no_weights.model.hf_assets_path.clear();
   EXPECT_NE(gen_error(no_weights, longer).find("needs weights"), std::string::npos);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
+#include "titan/core/log.h"
 #include "titan/data/hf_added_tokens.h"
 #include "titan/data/hf_bpe.h"
 #include "titan/data/hf_regex.h"
@@ -107,6 +109,14 @@ void HfTokenizer::Impl::load_model(const json& m, const std::string& file) {
     vocab.emplace(tok, static_cast<int32_t>(idj.get<int64_t>()));
   }
   model_vocab_len = vocab.size();
+  {  // one token per id: two tokens sharing an id make decoding ambiguous
+    std::map<int32_t, std::string> by_id;
+    for (const auto& [t, id] : vocab)
+      if (auto [at, fresh] = by_id.emplace(id, t); !fresh)
+        throw Error(where + ".vocab: " + nlohmann::json(at->second).dump() + " and " +
+                    nlohmann::json(t).dump() + " share id " + std::to_string(id) +
+                    "; the tokenizer.json is likely corrupt");
+  }
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
     auto it = vocab.find(m["unk_token"].get<std::string>());
     if (it == vocab.end()) throw Error(where + ".unk_token: not in model.vocab");
@@ -408,6 +418,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir_or_file) {
     }
     impl->load_post_processor(member(j, "post_processor"), where + ": post_processor");
     std::vector<AddedToken> added;
+    std::vector<std::optional<int64_t>> file_ids;  // each added token's "id" in the file
     if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
       if (!j["added_tokens"].is_array()) throw Error(where + ": added_tokens: expected a list");
       for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
@@ -422,10 +433,22 @@ HfTokenizer HfTokenizer::load(const std::string& dir_or_file) {
         t.rstrip = get_bool(e, "rstrip", false, at);
         t.normalized = get_bool(e, "normalized", true, at);
         t.special = get_bool(e, "special", false, at);
+        if (e.contains("id") && !e["id"].is_null() && !e["id"].is_number_integer())
+          throw Error(at + ".id: expected an integer");
+        file_ids.push_back(e.contains("id") && e["id"].is_number_integer()
+                               ? std::optional<int64_t>(e["id"].get<int64_t>())
+                               : std::nullopt);
         added.push_back(std::move(t));
       }
     }
     impl->add_tokens(added);
+    // Ids are assigned as the tokenizers library assigns them (the vocabulary's id, else the
+    // next one after it); like that library, say so when the file recorded another one.
+    for (size_t i = 0; i < added.size(); ++i)
+      if (auto got = impl->find_id(added[i].content); got && file_ids[i] && *file_ids[i] != *got)
+        log::warn(where + ": added token '" + added[i].content + "' was expected to have id " +
+                  std::to_string(*file_ids[i]) + " but was given id " + std::to_string(*got) +
+                  " (the tokenizers library assigns it the same way)");
   } catch (const json::exception& e) {
     throw Error(where + ": unexpected JSON content (" + e.what() + ")");
   }

@@ -1,6 +1,7 @@
 #include "titan/infer/generate.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -59,24 +60,75 @@ std::optional<json> read_json(const std::string& path) {
   }
 }
 
-std::vector<int32_t> eos_ids(const config::JobConfig& c, const data::Tokenizer& tok,
-                             const std::optional<json>& gen) {
-  auto from = [](const json& j) -> std::optional<std::vector<int32_t>> {
-    if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return std::nullopt;
-    const json& e = j["eos_token_id"];
-    std::vector<int32_t> r;
-    if (e.is_number_integer()) r.push_back(e.get<int32_t>());
-    if (e.is_array())
-      for (const auto& x : e)
-        if (x.is_number_integer()) r.push_back(x.get<int32_t>());
-    return r;
+// An "eos_token_id" field (an integer or a list of them, as Transformers writes it) of a
+// generation_config.json or config.json, checked against the vocabulary: an EOS that the model
+// cannot produce would never stop a completion. nullopt when absent or null.
+std::optional<std::vector<int32_t>> eos_field(const json& j, const std::string& path, int64_t V) {
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return std::nullopt;
+  const json& e = j["eos_token_id"];
+  const json list = e.is_array() ? e : json::array({e});
+  std::vector<int32_t> r;
+  for (const auto& x : list) {
+    check(x.is_number_integer(), path +
+                                     ": field 'eos_token_id' must be a token id or a list of "
+                                     "them, got " +
+                                     x.dump());
+    const int64_t id = x.get<int64_t>();
+    check(id >= 0 && id < V, path + ": field 'eos_token_id' " + std::to_string(id) +
+                                 " is outside the model's vocabulary of " + std::to_string(V) +
+                                 " ids; fix the file or pass --ignore_eos");
+    r.push_back(static_cast<int32_t>(id));
+  }
+  return r;
+}
+
+// generation_config.json's sampling fields, checked as they are read (Transformers'
+// GenerationConfig refuses the same values): temperature >= 0, top_k >= 0, top_p in (0, 1].
+struct GenSampling {
+  std::optional<double> temperature, top_p;
+  std::optional<int64_t> top_k;
+  bool do_sample = false;
+};
+GenSampling gen_sampling(const json& g, const std::string& path) {
+  GenSampling s;
+  auto bad = [&](const char* k, const std::string& what) {
+    return Error(path + ": field '" + k + "' " + what + ", got " + g.at(k).dump());
   };
+  auto num = [&](const char* k) -> std::optional<double> {
+    if (!g.contains(k) || g[k].is_null()) return std::nullopt;
+    if (!g[k].is_number()) throw bad(k, "must be a number");
+    return g[k].get<double>();
+  };
+  s.temperature = num("temperature");
+  if (s.temperature && *s.temperature < 0) throw bad("temperature", "must not be negative");
+  s.top_p = num("top_p");
+  if (s.top_p && !(*s.top_p > 0 && *s.top_p <= 1)) throw bad("top_p", "must be in (0, 1]");
+  if (auto k = num("top_k")) {
+    if (*k < 0 || *k != std::floor(*k)) throw bad("top_k", "must be a whole number >= 0");
+    s.top_k = static_cast<int64_t>(*k);
+  }
+  if (g.contains("do_sample") && !g["do_sample"].is_null()) {
+    if (!g["do_sample"].is_boolean()) throw bad("do_sample", "must be true or false");
+    s.do_sample = g["do_sample"].get<bool>();
+  }
+  return s;
+}
+
+std::vector<int32_t> eos_ids(const config::JobConfig& c, const data::Tokenizer& tok,
+                             const std::optional<json>& gen, const std::string& gen_path,
+                             int64_t V) {
   if (gen)
-    if (auto r = from(*gen)) return *r;
+    if (auto r = eos_field(*gen, gen_path, V)) return *r;
   for (const auto& d : model_dirs(c))
     if (auto cfgj = read_json(d + "/config.json"))
-      if (auto r = from(*cfgj)) return *r;
-  if (auto e = tok.eos_id()) return {*e};
+      if (auto r = eos_field(*cfgj, d + "/config.json", V)) return *r;
+  if (auto e = tok.eos_id()) {
+    check(*e >= 0 && *e < V, "the tokenizer's EOS token has id " + std::to_string(*e) +
+                                 ", outside the model's vocabulary of " + std::to_string(V) +
+                                 " ids: the tokenizer does not belong to this model (or pass "
+                                 "--ignore_eos)");
+    return {*e};
+  }
   return {};
 }
 
@@ -274,22 +326,24 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
 
   // Sampling: flags, else generation_config.json's, else greedy (transformers' defaults).
   std::optional<json> gen;
+  std::string gen_path;
   for (const auto& d : model_dirs(cfg))
-    if (!gen) gen = read_json(d + "/generation_config.json");
+    if (!gen) {
+      gen_path = d + "/generation_config.json";
+      gen = read_json(gen_path);
+    }
+  check(!gen || gen->is_object(), gen_path + ": not a JSON object");
+  const GenSampling g = gen ? gen_sampling(*gen, gen_path) : GenSampling{};
   Sampling s;
-  auto gen_num = [&](const char* k) -> std::optional<double> {
-    if (gen && gen->contains(k) && (*gen)[k].is_number()) return (*gen)[k].get<double>();
-    return std::nullopt;
-  };
   const bool flags = o.temperature || o.top_k || o.top_p;
-  const bool gen_sample = gen && gen->contains("do_sample") && (*gen)["do_sample"] == true;
-  s.greedy = o.greedy || !(flags || gen_sample);
-  s.temperature = o.temperature ? *o.temperature : gen_num("temperature").value_or(1.0);
-  s.top_k = o.top_k ? *o.top_k : static_cast<int64_t>(gen_num("top_k").value_or(0));
-  s.top_p = o.top_p ? *o.top_p : gen_num("top_p").value_or(1.0);
+  s.greedy = o.greedy || !(flags || g.do_sample);
+  s.temperature = o.temperature ? *o.temperature : g.temperature.value_or(1.0);
+  s.top_k = o.top_k ? *o.top_k : g.top_k.value_or(0);
+  s.top_p = o.top_p ? *o.top_p : g.top_p.value_or(1.0);
   if (s.temperature == 0) s.greedy = true;
   s.seed = o.seed ? *o.seed : static_cast<uint64_t>(std::max<int64_t>(cfg.debug.seed, 0));
-  const std::vector<int32_t> eos = o.ignore_eos ? std::vector<int32_t>{} : eos_ids(cfg, *tok, gen);
+  const std::vector<int32_t> eos =
+      o.ignore_eos ? std::vector<int32_t>{} : eos_ids(cfg, *tok, gen, gen_path, V);
   char how[160];
   if (s.greedy)
     std::snprintf(how, sizeof how, "greedy");

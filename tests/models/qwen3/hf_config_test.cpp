@@ -87,6 +87,18 @@ TEST(HfConfig, RefusesWhatItCannotBuild) {
   j = base();
   j.erase("hidden_size");
   EXPECT_NE(error_of(j).find("X/config.json: field 'hidden_size' is required"), std::string::npos);
+  // Transformers' per-layer attention kinds: only full attention, one entry per layer.
+  for (const json& lt : {json::array({"sliding_attention"}), json("full_attention"),
+                         json::array({"full_attention", "full_attention"})}) {
+    j = base();
+    j["num_hidden_layers"] = 1;
+    j["layer_types"] = lt;
+    EXPECT_NE(error_of(j).find("field 'layer_types'"), std::string::npos) << lt.dump();
+  }
+  j = base();
+  j["num_hidden_layers"] = 2;
+  j["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_EQ(error_of(j), "");
   j = base();
   j["num_hidden_layers"] = "28";
   EXPECT_NE(error_of(j).find("'num_hidden_layers' must be an integer"), std::string::npos);

@@ -111,6 +111,17 @@ Qwen3Args args_from_hf_json(const json& cfg, const std::string& where) {
     fail("attention_bias", "is true; titan's Qwen3 has no attention biases");
   if (get_bool("use_sliding_window", false))
     fail("use_sliding_window", "is true; sliding-window attention is not implemented");
+  // transformers 4.56+: one attention kind per layer; titan implements full attention only.
+  if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
+    const json& lt = cfg["layer_types"];
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != a.n_layers)
+      fail("layer_types", "must list one attention type per layer (" + std::to_string(a.n_layers) +
+                              " for num_hidden_layers)");
+    for (size_t l = 0; l < lt.size(); ++l)
+      if (lt[l] != "full_attention")
+        fail("layer_types", "gives layer " + std::to_string(l) + " " + lt[l].dump() +
+                                "; only full_attention is implemented (no sliding window)");
+  }
   if (cfg.contains("hidden_act") && cfg["hidden_act"] != "silu")
     fail("hidden_act", cfg["hidden_act"].dump() + " is not supported; only silu");
 
@@ -206,6 +217,8 @@ json hf_config_json(const Qwen3Args& a, const json& base, const std::string& dty
   c["attention_bias"] = false;
   c["attention_dropout"] = 0.0;
   c["use_sliding_window"] = false;
+  if (c.contains("layer_types"))  // the source's, one per layer: the layer count may differ
+    c["layer_types"] = std::vector<std::string>(static_cast<size_t>(a.n_layers), "full_attention");
   if (!c.contains("initializer_range")) c["initializer_range"] = 0.02;
   if (!c.contains("max_window_layers")) c["max_window_layers"] = a.n_layers;
   // Released configs use top-level rope_theta; transformers 5 writes rope_parameters. Both

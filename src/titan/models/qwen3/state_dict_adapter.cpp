@@ -1,6 +1,7 @@
 #include "titan/models/qwen3/state_dict_adapter.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -218,6 +219,30 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
     if (!bad_shape.empty()) msg += " wrong shapes: " + join(bad_shape) + ";";
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
     throw Error(msg + " check that config.json and the weights belong together");
+  }
+  // A tied model whose file still carries an lm_head.weight: harmless when it equals the
+  // embedding (some exports write both); otherwise which of the two is the head is ambiguous
+  // (titan and Transformers would use the embedding), so it is refused.
+  const std::string emb = "model.embed_tokens.weight";
+  if (model.args().tie_embeddings && set.shape_of("lm_head.weight") && set.shape_of(emb)) {
+    const std::vector<int64_t> shape = *set.shape_of(emb);
+    const auto tied_msg = [&](const std::string& how) {
+      return where + ": config.json has tie_word_embeddings true, but the weights carry an " +
+             "lm_head.weight " + how +
+             ": set tie_word_embeddings false in config.json to use that head, or drop it";
+    };
+    check(*set.shape_of("lm_head.weight") == shape, tied_msg("of another shape"));
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    std::vector<float> a(static_cast<size_t>(std::min(n, kChunk))), b(a.size());
+    for (int64_t at = 0; at < n; at += kChunk) {
+      const int64_t z = std::min(n, at + kChunk);
+      set.read_f32_range(emb, shape, at, z, a.data());
+      set.read_f32_range("lm_head.weight", shape, at, z, b.data());
+      check(std::memcmp(a.data(), b.data(), static_cast<size_t>(z - at) * sizeof(float)) == 0,
+            tied_msg("that differs from " + emb));
+    }
   }
   // Each parameter's data held here (its tensor/expert-parallel slice, or all of it), within
   // `only` when given.
