@@ -96,6 +96,10 @@ TEST(CliHostile, ASecondRunOnTheSameDumpFolderIsRefused) {
   }
   const Result r = sh(tiny_train(d + "/run"));  // released: it runs
   EXPECT_EQ(r.code, 0) << r.out;
+  // A run that fails after taking the lock leaves no folder it created behind.
+  expect_error(sh(tiny_train(d + "/failed") + " --dataloader.tokenizer " + d + "/no_tokenizer"),
+               d + "/no_tokenizer");
+  EXPECT_FALSE(fs::exists(d + "/failed"));
 }
 
 TEST(CliHostile, AFileSizeLimitIsAnErrorNamingTheFile) {

@@ -84,9 +84,9 @@ void check_not_input(const std::string& out, const std::string& what_out, const 
                                  ": writing it would destroy it; give another " + what_out);
 }
 
-DirLock::DirLock(const std::string& dir, const std::string& what) {
+DirLock::DirLock(const std::string& dir, const std::string& what) : dir_(dir) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  created_ = std::filesystem::create_directories(dir, ec);
   check(!ec, "cannot create " + what + " " + dir + " (" + ec.message() + ")");
   const std::string path = (std::filesystem::path(dir) / ".titan.lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -113,14 +113,32 @@ DirLock::DirLock(const std::string& dir, const std::string& what) {
 
 DirLock& DirLock::operator=(DirLock&& o) noexcept {
   if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
+    release();
     fd_ = std::exchange(o.fd_, -1);
+    dir_ = std::move(o.dir_);
+    created_ = std::exchange(o.created_, false);
   }
   return *this;
 }
 
-DirLock::~DirLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
+DirLock::~DirLock() { release(); }
+
+void DirLock::release() {
+  if (fd_ < 0) return;
+  // A folder this lock created that holds nothing else (the run failed before writing): removed,
+  // lock file and all, so that a failed start leaves nothing behind. Otherwise the lock file
+  // stays (removing a lock file another process may be opening would let two runs lock).
+  std::error_code ec;
+  const std::filesystem::path lock = std::filesystem::path(dir_) / ".titan.lock";
+  if (created_) {
+    auto it = std::filesystem::directory_iterator(dir_, ec);
+    bool only_lock = !ec;
+    for (; only_lock && it != std::filesystem::directory_iterator(); it.increment(ec))
+      only_lock = !ec && it->path().filename() == ".titan.lock";
+    if (only_lock && std::filesystem::remove(lock, ec)) std::filesystem::remove(dir_, ec);
+  }
+  ::close(fd_);  // releases the lock
+  fd_ = -1;
 }
 
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces,

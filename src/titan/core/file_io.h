@@ -77,19 +77,26 @@ int remove_stale_temps(const std::string& dir, const std::string& name);
 
 // An exclusive lock on a folder for one process (flock on dir/.titan.lock, which holds the
 // holder's PID), held until destroyed. Taking it creates the folder; when another process holds
-// it, throws titan::Error "<what> <dir> is in use by another titan run (PID n) ...".
+// it, throws titan::Error "<what> <dir> is in use by another titan run (PID n) ...". A folder it
+// created and that holds nothing but the lock file when released is removed.
 class DirLock {
  public:
   DirLock() = default;
   DirLock(const std::string& dir, const std::string& what);
-  DirLock(DirLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  DirLock(DirLock&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)),
+        dir_(std::move(o.dir_)),
+        created_(std::exchange(o.created_, false)) {}
   DirLock& operator=(DirLock&& o) noexcept;
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;
   ~DirLock();
 
  private:
+  void release();
   int fd_ = -1;
+  std::string dir_;
+  bool created_ = false;
 };
 
 // A file appended to record by record (metrics.jsonl): each append() writes the whole record or,
