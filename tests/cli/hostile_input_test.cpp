@@ -140,6 +140,11 @@ TEST(CliHostile, CorruptOrMisbehavingPluginsAreNamed) {
   expect_error(sh(kTitan + " config list --module " + d + "/short.so"),
                "shorter than an ELF header");
   expect_error(sh(kTitan + " config list --module " + d + "/text.so"), "no ELF magic number");
+  // A kernel that throws while check-kernel runs it: the op and the pass named.
+  expect_error(sh(kTitan + " check-kernel --config qwen3_debugmodel --override.imports " +
+                  std::string(TITAN_PLUGIN_DIR) + "/libtitan_test_throwing.so"),
+               "check-kernel: the RoPE op 'throwing_rope' failed in its forward: throwing_rope: "
+               "device fault");
   const std::string thrower = std::string(TITAN_PLUGIN_DIR) + "/libtitan_test_throws_non_std.so";
   expect_error(sh(kTitan + " config list --module " + thrower),
                "plugin '" + thrower +

@@ -62,6 +62,22 @@ struct Shape {
   const char* what;
 };
 
+// Runs one pass of a kernel under check; whatever it throws (a std::exception or anything else)
+// becomes one titan::Error naming the op and the pass, so a failing plugin kernel is never taken
+// for a titan bug.
+template <typename F>
+void run_kernel(const char* kind, const std::string& name, const char* pass, F&& f) {
+  const std::string head =
+      std::string("check-kernel: the ") + kind + " op '" + name + "' failed in its " + pass + ": ";
+  try {
+    f();
+  } catch (const std::exception& e) {
+    throw Error(head + e.what());
+  } catch (...) {
+    throw Error(head + "it threw something that is not a std::exception");
+  }
+}
+
 struct Diff {
   double abs = 0, rel = 0;
 };
@@ -161,8 +177,10 @@ bool check_experts(const ops::GroupedExpertsOp& alt, const ops::GroupedExpertsOp
     std::vector<float>* outs[] = {&o.dx, &o.dw, &o.dw1, &o.dw3, &o.dw2};
     float* g[5];
     for (int i = 0; i < 5; ++i) g[i] = dev.zeros<float>(outs[i]->size());
-    op.forward(a, y);
-    op.backward(a, {dev.put(dy), g[0], g[1], g[2], g[3], g[4]});
+    run_kernel("grouped-experts", op.name, "forward", [&] { op.forward(a, y); });
+    run_kernel("grouped-experts", op.name, "backward", [&] {
+      op.backward(a, {dev.put(dy), g[0], g[1], g[2], g[3], g[4]});
+    });
     dev.get(o.y, y);
     for (int i = 0; i < 5; ++i) dev.get(*outs[i], g[i]);
     return o;
@@ -248,8 +266,10 @@ bool check_kernels(const config::JobConfig& cfg, double tolerance) {
         auto run = [&](const ops::RopeOp& op, std::vector<float> in, bool fwd) {
           Staging dev(op.device);
           float* x_dev = dev.put(in);
-          (fwd ? op.forward : op.backward)(x_dev, sh.B, sh.S, sh.H, sh.d, sh.ld, dev.put(pos),
-                                           dev.put(table));
+          run_kernel("RoPE", op.name, fwd ? "forward" : "backward", [&] {
+            (fwd ? op.forward : op.backward)(x_dev, sh.B, sh.S, sh.H, sh.d, sh.ld, dev.put(pos),
+                                             dev.put(table));
+          });
           dev.get(in, x_dev);
           return in;
         };
