@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "test_util.h"
@@ -156,6 +157,75 @@ TEST(CliHostile, APlanThatDoesNotFitSaysSoOnStderr) {
                       " plan --config qwen3_debugmodel --training.local_batch_size 4096 2>&1 "
                       ">/dev/null");
   expect_error(r, "the run needs");
+}
+
+// Inputs that would be ignored without a word: a file named like a checkpoint step, sft.* on a
+// text corpus or token shards, --enable_thinking on a plain prompt.
+TEST(CliHostile, InputsThatWouldBeIgnoredAreRefused) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_ignored");
+  for (const char* step : {"step-3", "step-0"}) {
+    fs::create_directories(d + "/ck/checkpoint");
+    std::ofstream(d + "/ck/checkpoint/" + step) << "not a folder\n";
+    expect_error(sh(tiny_train(d + "/ck") + " --checkpoint.enable"),
+                 d + "/ck/checkpoint/" + step + " is not a folder, but its name is a checkpoint");
+    fs::remove_all(d + "/ck");
+  }
+  for (const char* sft :
+       {"--sft.truncation drop", "--sft.train_on_prompt true", "--sft.packing false"})
+    expect_error(sh(tiny_train(d + "/sft") + " " + sft),
+                 "has no effect: dataloader.dataset_path '");
+  expect_error(sh(kTitan + " generate --config qwen3_debugmodel --model.hf_assets_path " + d +
+                  " --prompt hi --enable_thinking"),
+               "--enable_thinking needs --chat");
+}
+
+// Weights that are damaged or not finite: named, nothing generated.
+TEST(CliHostile, DamagedOrNonFiniteWeightsAreNamed) {
+  const std::string d = titan::testing::fresh_temp_dir("hostile_weights");
+  const std::string fixture = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2";
+  // One flipped bit in a key of the header, in several places of several keys.
+  for (const auto& [key, at] : {std::pair{"model.norm.weight", 3},
+                                {"model.norm.weight", 12},
+                                {"model.embed_tokens.weight", 8}}) {
+    fs::remove_all(d + "/flip");
+    fs::copy(fixture, d + "/flip");
+    std::fstream f(d + "/flip/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::string head(4096, '\0');
+    f.read(head.data(), static_cast<std::streamsize>(head.size()));
+    const size_t pos = head.find(std::string("\"") + key + "\"");
+    ASSERT_NE(pos, std::string::npos);
+    f.clear();
+    f.seekp(static_cast<std::streamoff>(pos + 1 + at));
+    f.put(static_cast<char>(head[pos + 1 + at] ^ 0x01));
+    f.close();
+    expect_error(sh(kTitan +
+                    " eval --config qwen3_debugmodel --training.seq_len 16 "
+                    "--eval.steps 1 --model.hf_assets_path " +
+                    d + "/flip"),
+                 std::string("one byte away from the expected '") + key +
+                     "': the safetensors header is likely damaged");
+  }
+  // A NaN weight: generate refuses before generating anything.
+  fs::remove_all(d + "/nan");
+  fs::copy(fixture, d + "/nan");
+  {
+    std::fstream f(d + "/nan/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string head(n, '\0');
+    f.read(head.data(), static_cast<std::streamsize>(n));
+    const size_t at = head.find("\"data_offsets\":[", head.find("\"model.norm.weight\""));
+    ASSERT_NE(at, std::string::npos);
+    const long begin = std::stol(head.substr(at + 16));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    f.seekp(static_cast<std::streamoff>(8 + n + static_cast<uint64_t>(begin)));
+    f.write(reinterpret_cast<const char*>(&nan), 4);
+  }
+  std::ofstream(d + "/prompts.jsonl") << "{\"ids\": [1, 2, 3]}\n";
+  expect_error(
+      sh(kTitan + " generate --config qwen3_debugmodel --model.hf_assets_path " + d +
+         "/nan --dataloader.tokenizer byte --prompts_file " + d + "/prompts.jsonl --ignore_eos"),
+      "hold 1 non-finite value(s) (the first in 'norm.weight'); check them");
 }
 
 }  // namespace

@@ -117,8 +117,14 @@ std::vector<StepDir> step_dirs(const fs::path& folder) {
   if (!fs::is_directory(folder, ec)) return r;
   for (const auto& e : fs::directory_iterator(folder, ec)) {
     const int64_t step = parse_step(e.path().filename().string());
+    if (step < 0) continue;
     std::error_code dec;
-    if (step >= 0 && e.is_directory(dec)) r.push_back(classify(step, e.path()));
+    // A step-N that is not a folder would be skipped silently and the run would start over.
+    check(e.is_directory(dec), e.path().string() +
+                                   " is not a folder, but its name is a checkpoint step's; move "
+                                   "it out of " +
+                                   folder.string());
+    r.push_back(classify(step, e.path()));
   }
   std::sort(r.begin(), r.end(), [](const StepDir& a, const StepDir& b) { return a.step < b.step; });
   return r;

@@ -59,11 +59,25 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
   const SourceOptions& o = spec.source;
   const std::string path = source_path(o);
   const std::vector<std::string> files = resolve_paths(path, o.section);
+  // sft.* apply to conversations only: on training text or token shards they would do nothing.
+  const auto no_sft = [&](const std::string& kind) {
+    const ChatOptions d;
+    const ChatOptions& c = spec.chat;
+    const char* f = c.train_on_prompt != d.train_on_prompt ? "train_on_prompt"
+                    : c.packing != d.packing               ? "packing"
+                    : c.truncation != d.truncation         ? "truncation"
+                                                           : nullptr;
+    check(o.section != "dataloader" || f == nullptr,
+          std::string("sft.") + (f ? f : "") + " has no effect: " + o.section + ".dataset_path '" +
+              path + "' holds " + kind +
+              ", not chat records; point it at chat JSON lines or leave sft.* out");
+  };
   size_t shards = 0;
   for (const auto& f : files) shards += file_format(effective_dataset(o), f) == "tokens";
   if (shards > 0) {
     check(shards == files.size(), o.section + ".dataset_path '" + path +
                                       "' mixes token shards (.bin) with text files; use one kind");
+    no_sft("token shards");
     std::vector<TokenShard> v;
     int64_t docs = 0, tokens = 0;
     for (const auto& f : files) {
@@ -81,6 +95,7 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
   std::shared_ptr<const Tokenizer> tok = spec.loaded ? spec.loaded : make_tokenizer(spec.tokenizer);
   if (effective_dataset(o) == "chat" || (effective_dataset(o) == "auto" && is_chat_file(files[0])))
     return open_chat_dataset(o, spec.chat, std::move(tok));
+  no_sft("text");
   SourceStats st;
   std::vector<std::string> docs = read_documents(o, &st);
   log::info(o.section + ": " + std::to_string(st.documents) + " documents in " +

@@ -1,5 +1,9 @@
 #include "titan/models/model.h"
 
+#include <cmath>
+#include <cstdint>
+#include <string>
+
 #include "titan/core/buffer.h"
 #include "titan/core/error.h"
 
@@ -58,6 +62,21 @@ std::string AcPolicy::describe() const {
   if (mode == Mode::none) return "none";
   if (mode == Mode::op) return "selective op";
   return every == 1 ? "full" : "selective every " + std::to_string(every) + " blocks";
+}
+
+std::string describe_nonfinite_weights(const models::Model& m) {
+  const float* p = m.store().param_data();
+  const int64_t n = m.num_params();
+  int64_t bad = 0, first = -1;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+  if (bad == 0) return "";
+  for (int64_t i = 0; i < n && first < 0; ++i)
+    if (!std::isfinite(p[i])) first = i;
+  std::string where;
+  for (const auto& info : m.params())
+    if (!info.alias && first >= info.offset && first < info.offset + info.numel) where = info.fqn;
+  return std::to_string(bad) + " non-finite value(s) (the first in '" + where + "')";
 }
 
 }  // namespace titan::models

@@ -304,6 +304,11 @@ class Model {
 
 // The frozen weights a model holds (its frozen base's, models/lora.h) and the bytes they occupy;
 // 0 for an ordinary model.
+// A scan of a model's weights (the fp32 values; bf16 masters must be widened first) for NaN and
+// infinity: "" when every weight is finite, else e.g. "3 non-finite value(s) (the first in
+// 'norm.weight')".
+std::string describe_nonfinite_weights(const Model& m);
+
 inline int64_t frozen_weights(const Model& m) {
   return m.frozen_base() ? m.frozen_base()->num_params() : 0;
 }

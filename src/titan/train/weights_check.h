@@ -1,4 +1,4 @@
-// A cheap scan of a model's weights for NaN and infinity, for the messages of a non-finite loss.
+// What the messages of a non-finite loss say about the weights.
 #pragma once
 #include <string>
 
@@ -7,8 +7,7 @@
 
 namespace titan::train {
 
-// "" when every weight is finite, else e.g. "3 non-finite values (the first in 'norm.weight')".
-std::string describe_nonfinite_weights(const models::Model& m);
+using models::describe_nonfinite_weights;  // models/model.h
 
 // Where a run's starting weights come from, for messages: "checkpoint.initial_load_path 'P'",
 // "model.hf_assets_path 'D'" or "the seeded random init" (as the checkpointer loads them, a

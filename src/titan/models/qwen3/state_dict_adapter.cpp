@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "titan/core/error.h"
@@ -218,6 +220,15 @@ void load_hf_weights(Qwen3Model& model, const TensorSource& set, const std::stri
     if (!missing.empty()) msg += " missing keys: " + join(missing) + ";";
     if (!bad_shape.empty()) msg += " wrong shapes: " + join(bad_shape) + ";";
     if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
+    // A key one byte away from a missing one is a damaged header, not another model.
+    for (const auto& m : missing)
+      for (const auto& u : unexpected)
+        if (m.size() == u.size() && std::inner_product(m.begin(), m.end(), u.begin(), 0,
+                                                       std::plus<>(), std::not_equal_to<>()) == 1)
+          throw Error(where + ": the weights' key '" + u +
+                      "' is one byte away from the expected '" + m +
+                      "': the safetensors header is likely damaged (a flipped bit); restore the "
+                      "file");
     throw Error(msg + " check that config.json and the weights belong together");
   }
   // A tied model whose file still carries an lm_head.weight: harmless when it equals the
