@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}; shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors hf_config tokenizer_json job_toml flags jsonl chat token_shard train_state)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors hf_config tokenizer_json job_toml flags jsonl chat token_shard train_state
+  plugin_file generation_config adapter_config)
 bash scripts/build.sh build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DTITAN_FUZZ=ON -DTITAN_BUILD_TESTS=OFF -DTITAN_BUILD_BENCHMARKS=OFF -DTITAN_CUDA=OFF \
   -- $(printf 'fuzz_%s ' "${targets[@]}")
@@ -22,6 +23,10 @@ for t in "${targets[@]}"; do
   case $t in  # the fixtures as extra seeds
     safetensors) cp -n tests/fixtures/hf/tied_gqa2/model.safetensors "$corpus"/fixture.safetensors ;;
     hf_config) for d in tests/fixtures/hf/*/; do cp -n "$d/config.json" "$corpus/$(basename "$d").json"; done ;;
+    generation_config) for d in tests/fixtures/hf/*/; do cp -n "$d/generation_config.json" "$corpus/$(basename "$d").json" 2>/dev/null || true; done ;;
+    adapter_config) for d in tests/fixtures/lora/*/; do cp -n "$d/adapter_config.json" "$corpus/$(basename "$d").json"; done ;;
+    plugin_file) for so in /lib/x86_64-linux-gnu/libm.so.6 /lib/x86_64-linux-gnu/libdl.so.2; do
+                   [ -f "$so" ] && cp -n "$so" "$corpus/$(basename "$so")"; done ;;
     train_state) TITAN_FUZZ_WRITE_SEED="$corpus/position.json" "$out/fuzz/fuzz_$t" \
                    fuzz/seeds/train_state/empty.json > /dev/null 2>&1 || true ;;
   esac

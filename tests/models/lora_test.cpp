@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -250,6 +251,39 @@ TEST(Lora, BadTargetsAndAdaptersAreOneClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("adapter_config.json"), std::string::npos) << e.what();
   }
+}
+
+// adapter_config.json's fields are checked where they are read, the file and field named.
+TEST(Lora, AdapterConfigFieldsAreChecked) {
+  const std::string file = testing::fresh_temp_dir("lora_adapter_config") + "/adapter_config.json";
+  const std::string good =
+      R"("peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"])";
+  auto error_for = [&](const std::string& text) {
+    std::ofstream(file) << text;
+    LoraOptions o;
+    return testing::error_of([&] { read_adapter_config(file, &o); });
+  };
+  EXPECT_EQ(error_for("{" + good + "}"), "");
+  for (const auto& [edit, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"("peft_type": "PREFIX_TUNING")", "field 'peft_type' must be \"LORA\""},
+           {R"("r": "8")", "field 'r' must be a positive integer, got \"8\""},
+           {R"("r": 0)", "field 'r' must be a positive integer, got 0"},
+           {R"("r": 2.5)", "field 'r' must be a positive integer"},
+           {R"("lora_alpha": "16")", "field 'lora_alpha' must be a positive number, got \"16\""},
+           {R"("lora_alpha": -2)", "field 'lora_alpha' must be a positive number"},
+           {R"("use_dora": true)", "field 'use_dora' is true: DoRA adapters are not supported"},
+           {R"("use_rslora": "yes")", "field 'use_rslora' must be true or false"},
+           {R"("target_modules": 5)", "field 'target_modules' must be a string or a list"},
+           {R"("target_modules": ["q_proj", 1])", "field 'target_modules' must be a string"}}) {
+    // The edited field comes last: nlohmann keeps the last of a repeated key.
+    const std::string e = error_for("{" + good + ", " + edit + "}");
+    EXPECT_NE(e.find(file + ": " + says), std::string::npos) << edit << ": " << e;
+  }
+  EXPECT_NE(error_for("[1, 2]").find("not a JSON object"), std::string::npos);
+  EXPECT_NE(error_for("{").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_for(R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8})")
+                .find("field 'target_modules' must be"),
+            std::string::npos);
 }
 
 }  // namespace

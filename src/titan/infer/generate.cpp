@@ -61,75 +61,45 @@ std::optional<json> read_json(const std::string& path) {
 }
 
 // An "eos_token_id" field (an integer or a list of them, as Transformers writes it) of a
-// generation_config.json or config.json, checked against the vocabulary: an EOS that the model
-// cannot produce would never stop a completion. nullopt when absent or null.
-std::optional<std::vector<int32_t>> eos_field(const json& j, const std::string& path, int64_t V) {
-  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return std::nullopt;
+// generation_config.json or config.json; nullopt when absent or null.
+std::optional<std::vector<int64_t>> eos_field(const json& j, const std::string& path) {
+  if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null())
+    return std::nullopt;
   const json& e = j["eos_token_id"];
-  const json list = e.is_array() ? e : json::array({e});
-  std::vector<int32_t> r;
-  for (const auto& x : list) {
-    check(x.is_number_integer(), path +
-                                     ": field 'eos_token_id' must be a token id or a list of "
-                                     "them, got " +
-                                     x.dump());
-    const int64_t id = x.get<int64_t>();
-    check(id >= 0 && id < V, path + ": field 'eos_token_id' " + std::to_string(id) +
-                                 " is outside the model's vocabulary of " + std::to_string(V) +
-                                 " ids; fix the file or pass --ignore_eos");
-    r.push_back(static_cast<int32_t>(id));
+  std::vector<int64_t> r;
+  for (const auto& x : e.is_array() ? e : json::array({e})) {
+    if (!x.is_number_integer())
+      throw Error(path + ": field 'eos_token_id' must be a token id or a list of them, got " +
+                  x.dump());
+    r.push_back(x.get<int64_t>());
   }
   return r;
 }
 
-// generation_config.json's sampling fields, checked as they are read (Transformers'
-// GenerationConfig refuses the same values): temperature >= 0, top_k >= 0, top_p in (0, 1].
-struct GenSampling {
-  std::optional<double> temperature, top_p;
-  std::optional<int64_t> top_k;
-  bool do_sample = false;
-};
-GenSampling gen_sampling(const json& g, const std::string& path) {
-  GenSampling s;
-  auto bad = [&](const char* k, const std::string& what) {
-    return Error(path + ": field '" + k + "' " + what + ", got " + g.at(k).dump());
-  };
-  auto num = [&](const char* k) -> std::optional<double> {
-    if (!g.contains(k) || g[k].is_null()) return std::nullopt;
-    if (!g[k].is_number()) throw bad(k, "must be a number");
-    return g[k].get<double>();
-  };
-  s.temperature = num("temperature");
-  if (s.temperature && *s.temperature < 0) throw bad("temperature", "must not be negative");
-  s.top_p = num("top_p");
-  if (s.top_p && !(*s.top_p > 0 && *s.top_p <= 1)) throw bad("top_p", "must be in (0, 1]");
-  if (auto k = num("top_k")) {
-    if (*k < 0 || *k != std::floor(*k)) throw bad("top_k", "must be a whole number >= 0");
-    s.top_k = static_cast<int64_t>(*k);
-  }
-  if (g.contains("do_sample") && !g["do_sample"].is_null()) {
-    if (!g["do_sample"].is_boolean()) throw bad("do_sample", "must be true or false");
-    s.do_sample = g["do_sample"].get<bool>();
-  }
-  return s;
-}
-
+// The EOS ids a completion stops at: generation_config.json's, else config.json's, else the
+// tokenizer's; each must be in the vocabulary (an EOS the model cannot produce never stops it).
 std::vector<int32_t> eos_ids(const config::JobConfig& c, const data::Tokenizer& tok,
-                             const std::optional<json>& gen, const std::string& gen_path,
-                             int64_t V) {
-  if (gen)
-    if (auto r = eos_field(*gen, gen_path, V)) return *r;
+                             const GenerationConfig& gen, const std::string& gen_path, int64_t V) {
+  std::optional<std::vector<int64_t>> ids = gen.eos;
+  std::string from = gen_path + ": field 'eos_token_id'";
   for (const auto& d : model_dirs(c))
-    if (auto cfgj = read_json(d + "/config.json"))
-      if (auto r = eos_field(*cfgj, d + "/config.json", V)) return *r;
-  if (auto e = tok.eos_id()) {
-    check(*e >= 0 && *e < V, "the tokenizer's EOS token has id " + std::to_string(*e) +
-                                 ", outside the model's vocabulary of " + std::to_string(V) +
-                                 " ids: the tokenizer does not belong to this model (or pass "
-                                 "--ignore_eos)");
-    return {*e};
+    if (!ids)
+      if (auto cfgj = read_json(d + "/config.json")) {
+        ids = eos_field(*cfgj, d + "/config.json");
+        from = d + "/config.json: field 'eos_token_id'";
+      }
+  if (!ids) {
+    if (auto e = tok.eos_id()) ids = std::vector<int64_t>{*e};
+    from = "the tokenizer's EOS token id";
   }
-  return {};
+  std::vector<int32_t> r;
+  for (int64_t id : ids.value_or(std::vector<int64_t>{})) {
+    check(id >= 0 && id < V, from + " " + std::to_string(id) +
+                                 " is outside the model's vocabulary of " + std::to_string(V) +
+                                 " ids; fix it or pass --ignore_eos");
+    r.push_back(static_cast<int32_t>(id));
+  }
+  return r;
 }
 
 std::shared_ptr<const data::Tokenizer> tokenizer_for(const config::JobConfig& c) {
@@ -263,6 +233,9 @@ GenerateOptions take_generate_flags(std::vector<std::string>& args) {
   check(have_prompt != !o.prompts_file.empty(),
         "titan generate needs exactly one of --prompt TEXT or --prompts_file F.jsonl");
   check(o.system.empty() || o.chat || !o.prompts_file.empty(), "--system needs --chat");
+  check(!o.enable_thinking || o.chat || !o.prompts_file.empty(),
+        "--enable_thinking needs --chat (it picks the chat template's thinking mode; a plain "
+        "--prompt is not a conversation)");
   args = std::move(rest);
   return o;
 }
@@ -318,6 +291,10 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
   ckpt::load_model_and_adapter(*m, weights, hf, cfg.lora.adapter_path);
   log::info("Weights: loaded from " + io::absolute_path(weights) +
             (hf ? " (Hugging Face)" : " (titan checkpoint)"));
+  // NaN or infinite weights would only give arbitrary tokens.
+  const std::string bad = models::describe_nonfinite_weights(*m);
+  check(bad.empty(), "the weights from " + io::absolute_path(weights) + " hold " + bad +
+                         "; check them (nothing was generated)");
   const int64_t V = m->vocab_size();
   for (size_t i = 0; i < prompts.size(); ++i)
     for (int32_t id : prompts[i].ids)
@@ -325,15 +302,14 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
                                    " outside the model's vocabulary of " + std::to_string(V));
 
   // Sampling: flags, else generation_config.json's, else greedy (transformers' defaults).
-  std::optional<json> gen;
-  std::string gen_path;
-  for (const auto& d : model_dirs(cfg))
-    if (!gen) {
+  std::string gen_path;  // the first model directory's generation_config.json, if any
+  for (const auto& d : model_dirs(cfg)) {
+    std::error_code ec;
+    if (gen_path.empty() && fs::is_regular_file(d + "/generation_config.json", ec))
       gen_path = d + "/generation_config.json";
-      gen = read_json(gen_path);
-    }
-  check(!gen || gen->is_object(), gen_path + ": not a JSON object");
-  const GenSampling g = gen ? gen_sampling(*gen, gen_path) : GenSampling{};
+  }
+  const GenerationConfig g =
+      gen_path.empty() ? GenerationConfig{} : read_generation_config(gen_path);
   Sampling s;
   const bool flags = o.temperature || o.top_k || o.top_p;
   s.greedy = o.greedy || !(flags || g.do_sample);
@@ -343,7 +319,7 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
   if (s.temperature == 0) s.greedy = true;
   s.seed = o.seed ? *o.seed : static_cast<uint64_t>(std::max<int64_t>(cfg.debug.seed, 0));
   const std::vector<int32_t> eos =
-      o.ignore_eos ? std::vector<int32_t>{} : eos_ids(cfg, *tok, gen, gen_path, V);
+      o.ignore_eos ? std::vector<int32_t>{} : eos_ids(cfg, *tok, g, gen_path, V);
   char how[160];
   if (s.greedy)
     std::snprintf(how, sizeof how, "greedy");
@@ -444,6 +420,37 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
     io::write_file_atomic(o.output, out.str());
   }
   return res;
+}
+
+GenerationConfig read_generation_config(const std::string& path) {
+  const std::optional<json> j = read_json(path);
+  check(j.has_value(), "cannot read " + path);
+  check(j->is_object(), path + ": not a JSON object");
+  const json& g = *j;
+  GenerationConfig s;
+  auto bad = [&](const char* k, const std::string& what) {
+    return Error(path + ": field '" + k + "' " + what + ", got " + g.at(k).dump());
+  };
+  auto num = [&](const char* k) -> std::optional<double> {
+    if (!g.contains(k) || g[k].is_null()) return std::nullopt;
+    if (!g[k].is_number()) throw bad(k, "must be a number");
+    return g[k].get<double>();
+  };
+  s.temperature = num("temperature");
+  if (s.temperature && *s.temperature < 0) throw bad("temperature", "must not be negative");
+  s.top_p = num("top_p");
+  if (s.top_p && !(*s.top_p > 0 && *s.top_p <= 1)) throw bad("top_p", "must be in (0, 1]");
+  if (auto k = num("top_k")) {
+    if (*k < 0 || *k != std::floor(*k) || *k > 1e15)
+      throw bad("top_k", "must be a whole number >= 0");
+    s.top_k = static_cast<int64_t>(*k);
+  }
+  if (g.contains("do_sample") && !g["do_sample"].is_null()) {
+    if (!g["do_sample"].is_boolean()) throw bad("do_sample", "must be true or false");
+    s.do_sample = g["do_sample"].get<bool>();
+  }
+  s.eos = eos_field(g, path);
+  return s;
 }
 
 }  // namespace titan::infer

@@ -16,6 +16,18 @@
 
 namespace titan::infer {
 
+// A model directory's generation_config.json, each field checked as it is read (Transformers'
+// GenerationConfig refuses the same values): temperature >= 0, top_p in (0, 1], top_k a whole
+// number >= 0, do_sample a boolean, eos_token_id a token id or a list of them. titan::Error names
+// the file and the field. Absent or null fields stay unset.
+struct GenerationConfig {
+  std::optional<double> temperature, top_p;
+  std::optional<int64_t> top_k;
+  bool do_sample = false;
+  std::optional<std::vector<int64_t>> eos;  // checked against the vocabulary when used
+};
+GenerationConfig read_generation_config(const std::string& path);
+
 struct GenerateOptions {
   std::string prompt;        // --prompt TEXT
   std::string prompts_file;  // --prompts_file F.jsonl: records with "text", "ids" or "messages"

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 
+#include "nlohmann/json.hpp"
 #include "titan/core/error.h"
+#include "titan/core/file_io.h"
 #include "titan/core/log.h"
 
 namespace titan::models {
@@ -58,6 +62,51 @@ std::string strip_weight(const std::string& key) {
              : key;
 }
 }  // namespace
+
+void read_adapter_config(const std::string& file, LoraOptions* o) {
+  io::check_input_file(file, "lora.adapter_path:");
+  std::ifstream in(file);
+  check(in.good(), "lora.adapter_path: cannot read " + file +
+                       " (point lora.adapter_path at a PEFT adapter directory)");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  check(!j.is_discarded(), file +
+                               ": not valid JSON; lora.adapter_path must hold a PEFT "
+                               "adapter_config.json");
+  check(j.is_object(), file + ": not a PEFT adapter config (not a JSON object)");
+  const auto bad = [&](const char* field, const std::string& what) {
+    return Error(file + ": field '" + field + "' " + what +
+                 (j.contains(field) ? ", got " + j[field].dump() : std::string()));
+  };
+  if (!j.contains("peft_type") || j["peft_type"] != "LORA")
+    throw bad("peft_type", "must be \"LORA\" (titan reads LoRA adapters only)");
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0)
+    throw bad("r", "must be a positive integer");
+  o->rank = j["r"].get<int64_t>();
+  if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number() ||
+      !(j["lora_alpha"].get<double>() > 0) || !std::isfinite(j["lora_alpha"].get<double>()))
+    throw bad("lora_alpha", "must be a positive number");
+  o->alpha = j["lora_alpha"].get<double>();
+  for (const char* flag : {"use_rslora", "use_dora"})
+    if (j.contains(flag) && !j[flag].is_null() && !j[flag].is_boolean())
+      throw bad(flag, "must be true or false");
+  o->use_rslora = j.contains("use_rslora") && j["use_rslora"] == true;
+  if (j.contains("use_dora") && j["use_dora"] == true)
+    throw bad("use_dora", "is true: DoRA adapters are not supported");
+  const nlohmann::json* t = j.contains("target_modules") ? &j["target_modules"] : nullptr;
+  std::string list;
+  if (t && t->is_string()) {
+    list = t->get<std::string>();
+  } else if (t && t->is_array()) {
+    for (const auto& m : *t) {
+      if (!m.is_string()) throw bad("target_modules", "must be a string or a list of strings");
+      if (!list.empty()) list += ',';
+      list += m.get<std::string>();
+    }
+  } else {
+    throw bad("target_modules", "must be a string or a list of strings");
+  }
+  o->target_modules = list;
+}
 
 LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool allocate)
     : base_(std::move(base)), o_(o), be_(ops::backend(base_->device(), "float32")) {
@@ -117,6 +166,15 @@ LoraModel::LoraModel(std::unique_ptr<Model> base, const LoraOptions& o, bool all
   }
   check(!ad_.empty(), "lora.target_modules '" + o.target_modules +
                           "' matches no projection of the model; use wq,wk,wv,wo,w1,w2,w3");
+  // PEFT accepts any rank, but one at or above a projection's smaller side is no longer low
+  // rank: those adapters hold more than the weight they adapt. Said once.
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  for (const Adapter& a : ad_) smallest = std::min({smallest, a.rows, a.in});
+  if (allocate && r >= smallest)
+    log::warn("lora.rank " + std::to_string(r) + " is not below the smallest adapted " +
+              "projection's dimension (" + std::to_string(smallest) +
+              "): those adapters are not low-rank and cost more than training the weight itself "
+              "(lora.rank 0)");
   store_.emplace(ParamStore::Layout{off, param_units(params_), 0, {}}, ParamStore::Options{}, be_);
   if (!allocate) return;
   store_->allocate();

@@ -50,6 +50,12 @@ struct LoraOptions {
   std::string base_name_or_path;  // adapter_config.json's base_model_name_or_path
 };
 
+// Reads a PEFT adapter_config.json into o: r, lora_alpha, use_rslora and target_modules (a
+// string or a list of strings). Each field is checked where it is read: the file must be a JSON
+// object with peft_type "LORA" and no use_dora, r a positive integer, lora_alpha a positive
+// number; titan::Error names the file and the field otherwise.
+void read_adapter_config(const std::string& file, LoraOptions* o);
+
 // The torchtitan leaves named by a target_modules list (Hugging Face names mapped); throws
 // titan::Error naming lora.target_modules for an unknown name or an empty list.
 std::vector<std::string> lora_target_leaves(const std::string& list);

@@ -63,34 +63,7 @@ LoraOptions lora_options(const config::JobConfig& cfg, uint64_t seed) {
   if (c.adapter_path.empty()) return o;
   // A PEFT adapter: its adapter_config.json decides the shape of the adapters.
   const std::string file = c.adapter_path + "/adapter_config.json";
-  io::check_input_file(file, "lora.adapter_path:");
-  std::ifstream in(file);
-  check(in.good(), "lora.adapter_path: cannot read " + file +
-                       " (point lora.adapter_path at a PEFT adapter directory)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-    check(j.value("peft_type", std::string()) == "LORA",
-          file + ": peft_type is not LORA; titan reads LoRA adapters only");
-    o.rank = j.at("r").get<int64_t>();
-    o.alpha = j.at("lora_alpha").get<double>();
-    o.use_rslora = j.value("use_rslora", false);
-    check(!j.value("use_dora", false), file + ": DoRA adapters (use_dora) are not supported");
-    const auto& t = j.at("target_modules");
-    std::string list;
-    if (t.is_string()) {
-      list = t.get<std::string>();
-    } else {
-      for (const auto& m : t) {
-        if (!list.empty()) list += ',';
-        list += m.get<std::string>();
-      }
-    }
-    o.target_modules = list;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(file + ": not a PEFT adapter config (" + e.what() + ")");
-  }
-  check(o.rank > 0, file + ": r must be positive");
+  read_adapter_config(file, &o);
   return o;
 }
 

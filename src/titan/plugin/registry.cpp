@@ -90,13 +90,7 @@ const config::ModuleType& Registry::module_type(const std::string& name) const {
   return it->second;
 }
 
-namespace {
-
-// A plugin file checked before dlopen maps it: a truncated or corrupt shared object would
-// otherwise fault (SIGBUS) inside the dynamic loader. The ELF header must be a 64-bit one of
-// this machine's architecture, and every program header's file range and the section header
-// table must lie inside the file.
-void check_elf(const std::string& path, const std::string& lib) {
+void check_plugin_file(const std::string& path, const std::string& lib) {
   io::check_input_file(path, "plugin '" + lib + "':");
   std::ifstream f(path, std::ios::binary);
   if (!f) return;  // dlopen names what is wrong
@@ -120,26 +114,28 @@ void check_elf(const std::string& path, const std::string& lib) {
   if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_machine != kMachine)
     throw bad("not a 64-bit object for this machine's architecture");
   if (eh.e_type != ET_DYN) throw bad("not a shared object");
+  // [off, off + len) within the file, without overflow.
+  const auto within = [&](uint64_t off, uint64_t len) { return off <= size && len <= size - off; };
   if (eh.e_phentsize != sizeof(Elf64_Phdr) ||
-      eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr) > size)
+      !within(eh.e_phoff, uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr)))
     throw bad("its program headers lie past the end of the file: truncated?");
-  if (eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize > size)
+  if (!within(eh.e_shoff, uint64_t{eh.e_shnum} * eh.e_shentsize))
     throw bad("its section headers lie past the end of the file: truncated?");
   for (int i = 0; i < eh.e_phnum; ++i) {
     Elf64_Phdr ph{};
     f.seekg(static_cast<std::streamoff>(eh.e_phoff + uint64_t(i) * sizeof ph));
     if (!f.read(reinterpret_cast<char*>(&ph), sizeof ph)) throw bad("unreadable program header");
-    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size)
-      throw bad("a loadable segment ends at byte " + std::to_string(ph.p_offset + ph.p_filesz) +
-                " of " + std::to_string(size) + ": truncated?");
+    if (ph.p_type == PT_LOAD && !within(ph.p_offset, ph.p_filesz))
+      throw bad("a loadable segment (bytes " + std::to_string(ph.p_filesz) + " at " +
+                std::to_string(ph.p_offset) + ") lies past the end of the file (" +
+                std::to_string(size) + " bytes): truncated?");
   }
 }
 
-}  // namespace
-
 std::string Registry::load(const std::string& lib) {
   if (loaded_.count(lib)) return lib;
-  if (lib.find('/') != std::string::npos) check_elf(lib, lib);  // a path, not a library name
+  if (lib.find('/') != std::string::npos)
+    check_plugin_file(lib, lib);  // a path, not a library name
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::string err = h ? "" : dlerror();
   if (!h && lib.find('/') == std::string::npos) {

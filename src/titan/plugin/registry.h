@@ -35,6 +35,13 @@ class OpTable {
 class Registry;
 void register_builtins(Registry& reg);
 
+// The checks a plugin file passes before dlopen maps it (a truncated or corrupt shared object
+// would otherwise fault inside the dynamic loader): a regular file with a 64-bit ELF header of
+// this machine's architecture, a shared object whose program headers, loadable segments and
+// section header table lie within the file. Throws titan::Error "cannot load plugin 'lib': ..."
+// naming the cause.
+void check_plugin_file(const std::string& path, const std::string& lib);
+
 class Registry : public Host {
  public:
   static Registry& global();  // with the built-in types and ops registered
