@@ -49,33 +49,6 @@ std::vector<std::string> model_dirs(const config::JobConfig& c) {
   return d;
 }
 
-std::optional<json> read_json(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
-  std::ifstream f(path);
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    throw Error(path + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
-// An "eos_token_id" field (an integer or a list of them, as Transformers writes it) of a
-// generation_config.json or config.json; nullopt when absent or null.
-std::optional<std::vector<int64_t>> eos_field(const json& j, const std::string& path) {
-  if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null())
-    return std::nullopt;
-  const json& e = j["eos_token_id"];
-  std::vector<int64_t> r;
-  for (const auto& x : e.is_array() ? e : json::array({e})) {
-    if (!x.is_number_integer())
-      throw Error(path + ": field 'eos_token_id' must be a token id or a list of them, got " +
-                  x.dump());
-    r.push_back(x.get<int64_t>());
-  }
-  return r;
-}
-
 // The EOS ids a completion stops at: generation_config.json's, else config.json's, else the
 // tokenizer's; each must be in the vocabulary (an EOS the model cannot produce never stops it).
 std::vector<int32_t> eos_ids(const config::JobConfig& c, const data::Tokenizer& tok,
@@ -84,10 +57,8 @@ std::vector<int32_t> eos_ids(const config::JobConfig& c, const data::Tokenizer& 
   std::string from = gen_path + ": field 'eos_token_id'";
   for (const auto& d : model_dirs(c))
     if (!ids)
-      if (auto cfgj = read_json(d + "/config.json")) {
-        ids = eos_field(*cfgj, d + "/config.json");
+      if ((ids = read_eos_token_id(d + "/config.json")))
         from = d + "/config.json: field 'eos_token_id'";
-      }
   if (!ids) {
     if (auto e = tok.eos_id()) ids = std::vector<int64_t>{*e};
     from = "the tokenizer's EOS token id";
@@ -420,37 +391,6 @@ GenerateResult generate(const config::JobConfig& cfg_in, const GenerateOptions& 
     io::write_file_atomic(o.output, out.str());
   }
   return res;
-}
-
-GenerationConfig read_generation_config(const std::string& path) {
-  const std::optional<json> j = read_json(path);
-  check(j.has_value(), "cannot read " + path);
-  check(j->is_object(), path + ": not a JSON object");
-  const json& g = *j;
-  GenerationConfig s;
-  auto bad = [&](const char* k, const std::string& what) {
-    return Error(path + ": field '" + k + "' " + what + ", got " + g.at(k).dump());
-  };
-  auto num = [&](const char* k) -> std::optional<double> {
-    if (!g.contains(k) || g[k].is_null()) return std::nullopt;
-    if (!g[k].is_number()) throw bad(k, "must be a number");
-    return g[k].get<double>();
-  };
-  s.temperature = num("temperature");
-  if (s.temperature && *s.temperature < 0) throw bad("temperature", "must not be negative");
-  s.top_p = num("top_p");
-  if (s.top_p && !(*s.top_p > 0 && *s.top_p <= 1)) throw bad("top_p", "must be in (0, 1]");
-  if (auto k = num("top_k")) {
-    if (*k < 0 || *k != std::floor(*k) || *k > 1e15)
-      throw bad("top_k", "must be a whole number >= 0");
-    s.top_k = static_cast<int64_t>(*k);
-  }
-  if (g.contains("do_sample") && !g["do_sample"].is_null()) {
-    if (!g["do_sample"].is_boolean()) throw bad("do_sample", "must be true or false");
-    s.do_sample = g["do_sample"].get<bool>();
-  }
-  s.eos = eos_field(g, path);
-  return s;
 }
 
 }  // namespace titan::infer

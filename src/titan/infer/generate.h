@@ -27,6 +27,9 @@ struct GenerationConfig {
   std::optional<std::vector<int64_t>> eos;  // checked against the vocabulary when used
 };
 GenerationConfig read_generation_config(const std::string& path);
+// The "eos_token_id" of a JSON file (a config.json): nullopt when the file or the field is
+// absent; titan::Error naming the file when it is not a token id or a list of them.
+std::optional<std::vector<int64_t>> read_eos_token_id(const std::string& path);
 
 struct GenerateOptions {
   std::string prompt;        // --prompt TEXT
