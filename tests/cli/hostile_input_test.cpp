@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -226,6 +227,32 @@ TEST(CliHostile, DamagedOrNonFiniteWeightsAreNamed) {
       sh(kTitan + " generate --config qwen3_debugmodel --model.hf_assets_path " + d +
          "/nan --dataloader.tokenizer byte --prompts_file " + d + "/prompts.jsonl --ignore_eos"),
       "hold 1 non-finite value(s) (the first in 'norm.weight'); check them");
+}
+
+// A crash in a plugin's code names the plugin; one elsewhere is titan's internal error. Both
+// still end the process with the signal. (Under AddressSanitizer its own report is kept.)
+TEST(CliHostile, ACrashSaysWhoseCodeItWasIn) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "AddressSanitizer reports crashes itself";
+#endif
+  const std::string d = titan::testing::fresh_temp_dir("hostile_crash");
+  const std::string lib = std::string(TITAN_PLUGIN_DIR) + "/libtitan_test_crashing.so";
+  for (const std::string& cmd :
+       {tiny_train(d + "/run") + " --override.imports " + lib,
+        kTitan + " check-kernel --config qwen3_debugmodel --override.imports " + lib}) {
+    const Result r = sh(cmd);
+    EXPECT_EQ(r.code, 128 + SIGSEGV) << r.out;
+    EXPECT_NE(r.out.find("titan: error: plugin '" + lib +
+                         "' crashed (SIGSEGV) in its own code: the plugin is at fault"),
+              std::string::npos)
+        << r.out;
+  }
+  const Result r =
+      sh(tiny_train(d + "/long") + " --training.steps 100000 & sleep 2; kill -SEGV $!; wait $!");
+  EXPECT_EQ(r.code, 128 + SIGSEGV) << r.out;
+  EXPECT_NE(r.out.find("titan: internal error: SIGSEGV (a crash in titan or a library it uses)"),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace

@@ -2,6 +2,11 @@
 
 #include <dlfcn.h>
 #include <fnmatch.h>
+#include <link.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
 
 #include "titan/core/error.h"
 #include "titan/core/log.h"
@@ -85,6 +90,26 @@ const config::ModuleType& Registry::module_type(const std::string& name) const {
   return it->second;
 }
 
+namespace {
+// The loaded plugins, as a crash handler may read them: each one's object name as dladdr reports
+// it (its link map's l_name) and its library name as given.
+struct LoadedObject {
+  const char* object;
+  char lib[256];
+};
+LoadedObject g_objects[64];
+std::atomic<int> g_n_objects{0};
+}  // namespace
+
+const char* plugin_at(const void* pc) {
+  Dl_info info;
+  if (pc == nullptr || dladdr(pc, &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  const int n = g_n_objects.load();
+  for (int i = 0; i < n; ++i)
+    if (std::strcmp(g_objects[i].object, info.dli_fname) == 0) return g_objects[i].lib;
+  return nullptr;
+}
+
 std::string Registry::load(const std::string& lib) {
   if (loaded_.count(lib)) return lib;
   if (lib.find('/') != std::string::npos)
@@ -96,18 +121,31 @@ std::string Registry::load(const std::string& lib) {
     if (!h) err += "; " + std::string(dlerror());
   }
   check(h != nullptr, "cannot load plugin '" + lib + "': " + err);
+  // Recorded before any of its code runs, so that a crash in it is attributed to it.
+  const int slot = g_n_objects.load();
+  link_map* lm = nullptr;
+  const bool recorded = slot < 64 && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name;
+  if (recorded) {
+    g_objects[slot].object = lm->l_name;
+    std::snprintf(g_objects[slot].lib, sizeof g_objects[slot].lib, "%s", lib.c_str());
+    g_n_objects = slot + 1;
+  }
+  const auto unload = [&] {
+    if (recorded) g_n_objects = slot;
+    dlclose(h);
+  };
   auto version =
       reinterpret_cast<titan_plugin_api_version_fn>(dlsym(h, "titan_plugin_api_version"));
   auto reg = reinterpret_cast<titan_plugin_register_fn>(dlsym(h, "titan_plugin_register"));
   if (!version || !reg) {
-    dlclose(h);
+    unload();
     throw Error("plugin '" + lib + "' lacks the entry point " +
                 (version ? "titan_plugin_register" : "titan_plugin_api_version") +
                 "; see src/titan/plugin/plugin_api.h");
   }
   const int v = version();
   if (v != TITAN_PLUGIN_API_VERSION) {
-    dlclose(h);
+    unload();
     throw Error("plugin '" + lib + "' was built for plugin API version " + std::to_string(v) +
                 ", this titan has version " + std::to_string(TITAN_PLUGIN_API_VERSION) +
                 "; rebuild the plugin against this titan");

@@ -35,6 +35,10 @@ class OpTable {
 class Registry;
 void register_builtins(Registry& reg);
 
+// The library name of the loaded plugin whose code holds address pc, or nullptr (titan's own
+// code, a system library). For the crash handler: it reads a fixed table and calls dladdr only.
+const char* plugin_at(const void* pc);
+
 // The checks a plugin file passes before dlopen maps it (a truncated or corrupt shared object
 // would otherwise fault inside the dynamic loader): a regular file with a 64-bit ELF header of
 // this machine's architecture, a shared object whose program headers, loadable segments and
