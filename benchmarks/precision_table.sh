@@ -39,9 +39,10 @@ for prec in float32 bfloat16; do
   for ac in "none 1" "selective 2" "selective op" "full 1"; do
     read -r mode opt <<< "$ac"
     dir="$out/${prec}_${mode}_${opt}"
+    ac_flags=(--activation_checkpoint.mode "$mode")  # the option applies to selective mode only
+    [ "$mode" = selective ] && ac_flags+=(--activation_checkpoint.selective_ac_option "$opt")
     "$titan" train --config "$config" --training.steps "$steps" --metrics.log_freq 1 \
-      --training.mixed_precision_param "$prec" --activation_checkpoint.mode "$mode" \
-      --activation_checkpoint.selective_ac_option "$opt" --dump_folder "$dir" "$@" \
+      --training.mixed_precision_param "$prec" "${ac_flags[@]}" --dump_folder "$dir" "$@" \
       > "$dir.log" 2>&1 || { echo "precision_table: run failed, see below" >&2; tail -5 "$dir.log" >&2; exit 1; }
     plan=$(grep -E ' - +total ' "$dir.log" | awk '{for (i = 1; i <= NF; ++i) if ($i == "GiB") { print $(i-1); exit }}')
     peak=$([ "$prec" = bfloat16 ] && echo "$peak_bf16" || echo "$peak_fp32")
