@@ -334,6 +334,7 @@ namespace {
 // plugin is at fault) or titan's. Only write(2) and dladdr (plugin_at) run here; then the
 // signal's default action ends the process as before. Not installed under AddressSanitizer,
 // whose own report is more useful.
+#ifndef __SANITIZE_ADDRESS__
 void write_all(const char* const* parts) {
   for (; *parts; ++parts) {
     size_t n = 0;
@@ -373,6 +374,7 @@ void on_crash(int sig, siginfo_t*, void* context) {
   }
   std::raise(sig);  // SA_RESETHAND: delivered with the default action once this returns
 }
+#endif
 
 void install_crash_handler() {
 #ifndef __SANITIZE_ADDRESS__
