@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "titan/core/error.h"
-#include "titan/core/file_io.h"
 
 namespace titan::qwen3 {
 namespace {
@@ -26,7 +25,6 @@ Qwen3Args args_from_hf_config(const std::string& dir) {
         path +
             ": not a regular file; model.hf_assets_path must be a Hugging Face model "
             "directory with a config.json file");
-  io::check_input_file(path, "model config");
   const auto size = std::filesystem::file_size(path, ec);
   check(!ec && size <= kMaxConfigBytes, path + ": " + std::to_string(size) +
                                             " bytes, too large for a model config.json "
