@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev fortunes libpcre2-dev libutf8proc-dev
-      libtomlplusplus-dev ocl-icd-opencl-dev libxxhash-dev libopenmpi-dev openmpi-bin
+      libtomlplusplus-dev ocl-icd-opencl-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin
       clang libclang-rt-14-dev libomp-14-dev)  # clang: the libFuzzer targets (scripts/fuzz.sh)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -17,10 +17,17 @@ void DocumentSet::trained_tokens(int64_t i, std::vector<int32_t>* ids,
 
 TextDocuments::TextDocuments(std::vector<std::string> docs, std::shared_ptr<const Tokenizer> tok,
                              std::string section)
-    : docs_(std::move(docs)), tok_(std::move(tok)), section_(std::move(section)) {}
+    : TextDocuments(std::make_shared<MemoryCorpus>(std::move(docs)), std::move(tok),
+                    std::move(section)) {}
+
+TextDocuments::TextDocuments(std::shared_ptr<const TextCorpus> corpus,
+                             std::shared_ptr<const Tokenizer> tok, std::string section)
+    : corpus_(std::move(corpus)), tok_(std::move(tok)), section_(std::move(section)) {}
 
 void TextDocuments::tokens(int64_t i, std::vector<int32_t>* out) const {
-  tok_->encode(docs_[static_cast<size_t>(i)], true, true, out);
+  thread_local std::string text;
+  corpus_->text(i, &text);
+  tok_->encode(text, true, true, out);
 }
 
 std::string TextDocuments::vocab_source() const {
@@ -97,7 +104,7 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
     return open_chat_dataset(o, spec.chat, std::move(tok));
   no_sft("text");
   SourceStats st;
-  std::vector<std::string> docs = read_documents(o, &st);
+  std::shared_ptr<const TextCorpus> docs = open_text_corpus(o, spec.index_dir, &st);
   log::info(o.section + ": " + std::to_string(st.documents) + " documents in " +
             std::to_string(st.files) + " file(s) at " + path + ", tokenizer " + tok->name());
   const std::string problems = describe_problems(st, o.text_field);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "titan/data/text_corpus.h"
 #include "titan/data/text_source.h"
 #include "titan/data/token_shard.h"
 #include "titan/data/tokenizer.h"
@@ -39,14 +40,17 @@ class TextDocuments final : public DocumentSet {
  public:
   TextDocuments(std::vector<std::string> docs, std::shared_ptr<const Tokenizer> tok,
                 std::string section = "dataloader");
-  int64_t size() const override { return static_cast<int64_t>(docs_.size()); }
+  // Documents read when asked for (text_corpus.h).
+  TextDocuments(std::shared_ptr<const TextCorpus> corpus, std::shared_ptr<const Tokenizer> tok,
+                std::string section = "dataloader");
+  int64_t size() const override { return corpus_->size(); }
   void tokens(int64_t i, std::vector<int32_t>* out) const override;
   int64_t vocab_size() const override { return tok_->vocab_size(); }
   std::string vocab_source() const override;
   const std::shared_ptr<const Tokenizer>& tokenizer() const { return tok_; }
 
  private:
-  std::vector<std::string> docs_;
+  std::shared_ptr<const TextCorpus> corpus_;
   std::shared_ptr<const Tokenizer> tok_;
   std::string section_;
 };
@@ -78,6 +82,7 @@ struct DatasetSpec {
   ChatOptions chat;  // for chat records (dataset chat, or auto on JSON lines of conversations)
   std::string tokenizer = "byte";           // for text sources
   std::shared_ptr<const Tokenizer> loaded;  // when set, used instead of loading `tokenizer`
+  std::string index_dir;  // where text files' indexes are kept (text_corpus.h); "": nowhere
 };
 
 // Opens the dataset the spec names: token shards when dataset is "tokens" or every file is a

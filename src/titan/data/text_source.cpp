@@ -10,7 +10,9 @@
 #include "nlohmann/json.hpp"
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
+#include "titan/data/gzip_file.h"
 #include "titan/data/hf_tokenizer.h"
+#include "titan/data/text_corpus.h"
 
 namespace titan::data {
 namespace fs = std::filesystem;
@@ -52,9 +54,37 @@ size_t find_invalid_utf8(const std::string& s) {
   return std::string::npos;
 }
 
-namespace {
+bool is_blank(std::string_view s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
-bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+bool json_document(const nlohmann::json& j, const std::string& at, const std::string& what,
+                   const SourceOptions& o, bool strings_ok, SourceStats* st, std::string* text) {
+  if (strings_ok && j.is_string()) {
+    *text = j.get<std::string>();
+  } else if (!j.is_object()) {
+    check(o.skip_malformed, at + ": the " + what + " is not a JSON object" +
+                                (strings_ok ? " or string" : "") + skip_malformed_hint(o, what));
+    if (st->malformed++ == 0) st->first_malformed = at;
+    return false;
+  } else {
+    auto it = j.find(o.text_field);
+    if (it == j.end() || !it->is_string()) {
+      check(o.skip_malformed, at + ": " + (it == j.end() ? "no field '" : "field '") +
+                                  o.text_field + (it == j.end() ? "'" : "' is not a string") +
+                                  "; " + o.text_field_hint + " to the field holding the text" +
+                                  skip_malformed_hint(o, what));
+      if (st->missing_field++ == 0) st->first_missing = at;
+      return false;
+    }
+    *text = it->get<std::string>();
+  }
+  if (is_blank(*text)) {
+    ++st->empty;
+    return false;
+  }
+  return true;
+}
+
+namespace {
 
 // "x.bin.tmp1234": a shard titan tokenize is still writing.
 bool being_written(const std::string& name) {
@@ -85,6 +115,7 @@ void add_path(const std::string& path, const std::string& section, std::vector<s
 }
 
 std::string read_file(const std::string& p) {
+  if (is_gzip_name(p)) return read_gzip(p);
   io::check_input_file(p, "dataset file");
   std::ifstream f(p, std::ios::binary);
   check(f.good(), "cannot read dataset file '" + p + "'");
@@ -101,39 +132,8 @@ std::string skip_hint(const SourceOptions& o, const std::string& what) {
   return " (or " + o.skip_malformed_hint + " to skip and count such " + what + "s)";
 }
 
-// One parsed JSON record at `at` ("file:line" or "file: element i"); appends its document or
-// counts why not. `what` names the record in messages ("line", "element").
-void add_json_record(const nlohmann::json& j, const std::string& at, const std::string& what,
-                     const SourceOptions& o, bool strings_ok, SourceStats* st,
-                     std::vector<std::string>* docs) {
-  std::string text;
-  if (strings_ok && j.is_string()) {
-    text = j.get<std::string>();
-  } else if (!j.is_object()) {
-    check(o.skip_malformed, at + ": the " + what + " is not a JSON object" +
-                                (strings_ok ? " or string" : "") + skip_hint(o, what));
-    if (st->malformed++ == 0) st->first_malformed = at;
-    return;
-  } else {
-    auto it = j.find(o.text_field);
-    if (it == j.end() || !it->is_string()) {
-      check(o.skip_malformed, at + ": " + (it == j.end() ? "no field '" : "field '") +
-                                  o.text_field + (it == j.end() ? "'" : "' is not a string") +
-                                  "; " + o.text_field_hint + " to the field holding the text" +
-                                  skip_hint(o, what));
-      if (st->missing_field++ == 0) st->first_missing = at;
-      return;
-    }
-    text = it->get<std::string>();
-  }
-  if (blank(text)) {
-    ++st->empty;
-    return;
-  }
-  docs->push_back(std::move(text));
-}
+}  // namespace
 
-// One JSON line; hands its record to fn or counts it as malformed.
 void parse_json_line(const std::string& line, const std::string& file, int64_t lineno,
                      const SourceOptions& o, SourceStats* st, const JsonRecordFn& fn) {
   nlohmann::json j;
@@ -166,8 +166,9 @@ void parse_json_array(const std::string& text, const std::string& file, const Js
     fn(j[i], file + ": element " + std::to_string(i), "element");
 }
 
-bool is_json_array_file(const std::string& file, const std::string& text) {
-  std::string ext = fs::path(file).extension().string();
+bool is_json_array_file(const std::string& file, std::string_view text) {
+  std::string ext =
+      fs::path(is_gzip_name(file) ? file.substr(0, file.size() - 3) : file).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   const size_t first = text.find_first_not_of(" \t\r\n");
@@ -189,8 +190,6 @@ std::string read_text_file(const std::string& file, SourceStats* st) {
   }
   return text;
 }
-
-}  // namespace
 
 std::string effective_dataset(const SourceOptions& o) {
   if (o.dataset != "auto") return o.dataset;
@@ -242,7 +241,9 @@ std::vector<std::string> resolve_paths(const std::string& path) {
 std::string file_format(const std::string& dataset, const std::string& file) {
   if (dataset == "jsonl" || dataset == "tokens") return dataset;
   if (dataset == "chat") return "jsonl";  // chat records are JSON lines (chat_dataset.h)
-  std::string ext = fs::path(file).extension().string();
+  // "x.jsonl.gz" reads as "x.jsonl" (gzip_file.h).
+  std::string ext =
+      fs::path(is_gzip_name(file) ? file.substr(0, file.size() - 3) : file).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   if (ext == ".jsonl" || ext == ".json") return "jsonl";
@@ -267,62 +268,9 @@ std::string source_path(const SourceOptions& o) {
 }
 
 std::vector<std::string> read_documents(const SourceOptions& o, SourceStats* stats) {
-  SourceStats local;
-  SourceStats* st = stats ? stats : &local;
-  *st = SourceStats{};
-  const std::string path = source_path(o);
-  const std::string dataset = effective_dataset(o);
-  std::vector<std::string> docs;
-  std::vector<std::string> formats;  // as read, for the message of an empty dataset
-  for (const auto& file : resolve_paths(path, o.section)) {
-    const std::string fmt = file_format(dataset, file);
-    if (std::find(formats.begin(), formats.end(), fmt) == formats.end()) formats.push_back(fmt);
-    check(fmt != "tokens", file + ": a pre-tokenized shard among text files; use " + o.section +
-                               ".dataset tokens with only token shards");
-    const std::string text = read_text_file(file, st);
-    const JsonRecordFn add = [&](const nlohmann::json& j, const std::string& at,
-                                 const std::string& what) {
-      add_json_record(j, at, what, o, what == "element", st, &docs);
-    };
-    if (fmt == "jsonl" && is_json_array_file(file, text)) {
-      parse_json_array(text, file, add);
-      continue;
-    }
-    std::istringstream in(text);
-    std::string line, cur;
-    int64_t lineno = 0;
-    auto flush = [&] {
-      if (!blank(cur)) docs.push_back(cur);
-      cur.clear();
-    };
-    while (std::getline(in, line)) {
-      ++lineno;
-      if (fmt == "jsonl") {
-        if (!blank(line)) parse_json_line(line, file, lineno, o, st, add);
-      } else if (fmt == "fortunes") {
-        if (line == "%") {
-          flush();
-        } else {
-          cur += line;
-          cur += '\n';
-        }
-      } else {
-        cur = line;
-        flush();
-      }
-    }
-    flush();
-  }
-  st->documents = static_cast<int64_t>(docs.size());
-  if (docs.empty()) {
-    // Name what was read, as it was read (the format by extension, not a default name).
-    std::string read_as;
-    for (const auto& f : formats) read_as += (read_as.empty() ? "" : "+") + f;
-    const std::string problems = describe_problems(*st, o.text_field);
-    throw Error("dataset '" + read_as + "' at '" + path + "' has no documents" +
-                (problems.empty() ? "" : " (" + problems + ")") + "; point " + o.section +
-                ".dataset_path at non-empty text");
-  }
+  const auto corpus = open_text_corpus(o, "", stats);
+  std::vector<std::string> docs(static_cast<size_t>(corpus->size()));
+  for (size_t i = 0; i < docs.size(); ++i) corpus->text(static_cast<int64_t>(i), &docs[i]);
   return docs;
 }
 
@@ -338,7 +286,7 @@ void read_json_records(const SourceOptions& o, SourceStats* st, const JsonRecord
     std::istringstream in(text);
     std::string line;
     for (int64_t lineno = 1; std::getline(in, line); ++lineno)
-      if (!blank(line)) parse_json_line(line, file, lineno, o, st, fn);
+      if (!is_blank(line)) parse_json_line(line, file, lineno, o, st, fn);
   }
 }
 

@@ -4,7 +4,9 @@
 // field). A path is a file, a directory (its regular files, sorted), a glob(3) pattern, or a
 // comma-separated list of those. With dataset "text", "fortunes" or "auto", files ending in .jsonl
 // or .json are read as JSON lines and files ending in .bin are pre-tokenized shards ("auto" reads
-// any other file as text; "auto" without a path is the fortunes corpus, read as fortunes); "chat"
+// any other file as text; "auto" without a path is the fortunes corpus, read as fortunes); a file
+// ending in .gz is read inflated, by the name without .gz (C4's c4-train.00000-of-01024.json.gz
+// is JSON lines; gzip_file.h); "chat"
 // reads every file as JSON lines of conversations (chat_dataset.h). A .json
 // file holding one JSON array is read as that array's records (objects with the text field, or
 // strings). Invalid UTF-8 is replaced by U+FFFD as Python's
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -85,5 +88,25 @@ std::vector<std::string> load_documents(const std::string& source, const std::st
 
 // Byte offset of the first invalid UTF-8 sequence, or npos when valid.
 size_t find_invalid_utf8(const std::string& s);
+
+// Pieces of reading shared with text_corpus.h.
+// Whether s holds only spaces, tabs and line ends (a blank document, skipped).
+bool is_blank(std::string_view s);
+// The document of one JSON record at `at` ("file:line", "file: element i"; `what` is "line" or
+// "element"): its text field (or, strings_ok, the record itself when a string) into *text, true
+// when not blank. A record without it is an error naming `at`, or under skip_malformed counted
+// in *st (as a blank one is) and false.
+bool json_document(const nlohmann::json& j, const std::string& at, const std::string& what,
+                   const SourceOptions& o, bool strings_ok, SourceStats* st, std::string* text);
+// One JSON line (line number lineno of file): its record to fn, or counted as malformed.
+void parse_json_line(const std::string& line, const std::string& file, int64_t lineno,
+                     const SourceOptions& o, SourceStats* st, const JsonRecordFn& fn);
+// Whether file is a .json (or .json.gz) file whose text starts with '[' (one JSON array).
+bool is_json_array_file(const std::string& file, std::string_view text);
+// Every element of the JSON array in text (file's content) to fn.
+void parse_json_array(const std::string& text, const std::string& file, const JsonRecordFn& fn);
+// A dataset file's whole text (inflated when .gz), counted in *st, invalid UTF-8 replaced and
+// counted.
+std::string read_text_file(const std::string& file, SourceStats* st);
 
 }  // namespace titan::data

@@ -282,8 +282,12 @@ models::BuildOptions Trainer::build_options() const {
 // the loader of this rank's batches.
 void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   const auto& t = cfg_.training;
+  // Text files are read in place through an index kept in the dump folder (text_corpus.h).
+  const std::string index_dir = cfg_.dump_folder + "/dataset_index";
+  data::DatasetSpec spec = dataloader_spec(cfg_);
+  spec.index_dir = index_dir;
   std::shared_ptr<const data::DocumentSet> dataset =
-      docs.empty() ? data::open_dataset(dataloader_spec(cfg_))
+      docs.empty() ? data::open_dataset(spec)
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(resolved_tokenizer(cfg_)));
   check_vocab_fits(*dataset, vocab);
@@ -291,6 +295,7 @@ void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr || chat;
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);
+    vs.index_dir = index_dir;
     if (auto* text = dynamic_cast<const data::TextDocuments*>(dataset.get()))
       vs.loaded = text->tokenizer();  // load the tokenizer once
     if (chat) vs.loaded = chat->tokenizer();
