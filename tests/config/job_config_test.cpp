@@ -408,10 +408,21 @@ TEST(JobConfig, TomlListForAScalarFieldNamesTheType) {
   apply_toml_file(c, write_temp("list.toml", "[override]\nimports = [\"a.so\", \"b.so\"]\n"));
   EXPECT_EQ(c.override_.imports, "a.so,b.so");
   m = titan::testing::error_of(
-      [&] { apply_toml_file(c, write_temp("list.toml", "[override]\nimports = [1]\n")); });
+      [&] { apply_toml_file(c, write_temp("list.toml", "[override]\nimports = [true]\n")); });
   EXPECT_NE(m.find("list.toml:2: override.imports must be a string or a list of strings"),
             std::string::npos)
       << m;
+  // Weights are a list of numbers, one per dataset path.
+  apply_toml_file(c, write_temp("list.toml",
+                                "[dataloader]\ndataset_path = [\"a.txt\", \"b.jsonl\"]\n"
+                                "dataset_weights = [0.75, 1]\n"));
+  EXPECT_EQ(c.dataloader.dataset_path, "a.txt,b.jsonl");
+  EXPECT_EQ(dataset_weights(c), (std::vector<double>{0.75, 1}));
+  for (const char* bad : {"0.5,-1", "0.5,,1", "1,nan", "0", "1,x", "1e999"}) {
+    c.dataloader.dataset_weights = bad;
+    m = titan::testing::error_of([&] { validate(c); });
+    EXPECT_NE(m.find("dataloader.dataset_weights: '"), std::string::npos) << bad << ": " << m;
+  }
 }
 
 // --job.config_file naming a directory or /dev/zero, and a job file naming another, were ignored

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -134,14 +135,48 @@ TEST(TextSource, FilesDirectoriesGlobsAndLists) {
   msg = error_of([&] { read_documents(opts("text", d + "/missing.txt")); });
   EXPECT_NE(msg.find("dataset path '" + d + "/missing.txt' does not exist"), std::string::npos)
       << msg;
-  msg = error_of([&] { read_documents(opts("c4", d)); });
-  EXPECT_NE(msg.find("dataloader.dataset 'c4' is not a built-in source"), std::string::npos) << msg;
+  msg = error_of([&] { read_documents(opts("parquet", d)); });
+  EXPECT_NE(msg.find("dataloader.dataset 'parquet' is not a built-in source"), std::string::npos)
+      << msg;
   msg = error_of([&] { read_documents(opts("jsonl", "")); });
   EXPECT_NE(msg.find("dataloader.dataset 'jsonl' needs dataloader.dataset_path"), std::string::npos)
       << msg;
 }
 
+// torchtitan's C4 names read C4 as it is on disk: gzip-compressed JSON-lines shards in a folder
+// (or its en/), c4_test's data.json; a folder without them is an error naming it and the fix.
+TEST(TextSource, C4NamesReadTheShardsOnDisk) {
+  const std::string d = titan::testing::fresh_temp_dir("c4");
+  std::filesystem::create_directories(d + "/en");
+  write(d, "en/c4-train.00001-of-01024.json", "{\"text\": \"second\", \"url\": \"u\"}\n");
+  write(d, "en/c4-train.00000-of-01024.json", "{\"text\": \"first\", \"timestamp\": \"t\"}\n");
+  write(d, "en/c4-validation.00000-of-00008.json", "{\"text\": \"held out\"}\n");
+  for (const char* f : {"c4-train.00000-of-01024.json", "c4-train.00001-of-01024.json",
+                        "c4-validation.00000-of-00008.json"})
+    ASSERT_EQ(std::system(("gzip '" + d + "/en/" + f + "'").c_str()), 0);
+  write(d, "en/c4-train.00000-of-01024.json.gz.tmp5", "not yet");
+  EXPECT_EQ(read_documents(opts("c4", d)), (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(read_documents(opts("c4", d + "/en")), (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(read_documents(opts("c4_validation", d)), (std::vector<std::string>{"held out"}));
+  write(d, "data.json", "{\"text\": \"test one\"}\n{\"text\": \"test two\"}\n");
+  EXPECT_EQ(read_documents(opts("c4_test", d)), (std::vector<std::string>{"test one", "test two"}));
+  EXPECT_EQ(read_documents(opts("c4_test", d + "/data.json")),
+            (std::vector<std::string>{"test one", "test two"}));
+  std::string msg = error_of([&] { read_documents(opts("c4", d + "/en/..//../")); });
+  EXPECT_NE(
+      msg.find("dataloader.dataset c4 reads C4's training shards (c4-train.*-of-01024.json.gz"),
+      std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("set dataloader.dataset_path to the folder holding them"), std::string::npos);
+  msg = error_of([&] { read_documents(opts("c4_test", "")); });
+  EXPECT_NE(msg.find("'tests/assets/c4_test' (nor its en/) does not exist"), std::string::npos)
+      << msg;
+}
+
 TEST(TextSource, FormatByDatasetAndExtension) {
+  EXPECT_EQ(file_format("auto", "x.jsonl.gz"), "jsonl");
+  EXPECT_EQ(file_format("auto", "c4-train.00000-of-01024.json.GZ"), "jsonl");
+  EXPECT_EQ(file_format("auto", "x.txt.gz"), "text");
   EXPECT_EQ(file_format("text", "x.jsonl"), "jsonl");
   EXPECT_EQ(file_format("fortunes", "x.JSON"), "jsonl");
   EXPECT_EQ(file_format("auto", "x.bin"), "tokens");

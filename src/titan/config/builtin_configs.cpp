@@ -33,12 +33,20 @@ JobConfig flavor_config(const char* flavor, double lr, int64_t warmup) {
   c.metrics.log_freq = 1;
   return c;
 }
+// The seed's settings for its three runs: 10 steps of one sequence per rank on torchtitan's
+// c4_test data (dataloader.dataset_path: the folder holding its data.json).
+JobConfig seed_run(JobConfig c) {
+  c.training.steps = 10;
+  c.training.local_batch_size = 1;
+  c.dataloader.dataset = "c4_test";
+  return c;
+}
+
 // The seed's Hugging Face flow: Qwen3-4B built from a model directory's config.json (fetched on a
 // connected machine with `hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir DIR`).
 JobConfig v5_qwen3_4b() {
-  JobConfig c = flavor_config("4B", 3e-4, 600);
+  JobConfig c = seed_run(flavor_config("4B", 3e-4, 600));
   c.model.hf_assets_path = "./assets/hf/Qwen3-4B-Instruct-2507";
-  c.training.local_batch_size = 1;
   c.training.global_batch_size = 64;
   c.training.seq_len = 4096;
   return c;
@@ -60,7 +68,7 @@ JobConfig v5_qwen3_4b_finetune() {
 // The seed's native path: the 32B config function's training settings with the 4B model spec
 // and a global batch of 64 sequences.
 JobConfig native_qwen3_4b() {
-  JobConfig c = flavor_config("32B", 8e-4, 600);
+  JobConfig c = seed_run(flavor_config("32B", 8e-4, 600));
   c.model.flavor = "4B";
   c.training.global_batch_size = 64;
   return c;
@@ -77,7 +85,7 @@ JobConfig qwen3_debugmodel_moe() {
 // (titan has no graph compiler to turn off). The grouped experts are the "grouped_experts" op,
 // which --override.imports can replace (the seed's NKI kernel attaches there).
 JobConfig nki_qwen3_30b_a3b() {
-  JobConfig c = flavor_config("30B-A3B", 3e-4, 600);
+  JobConfig c = seed_run(flavor_config("30B-A3B", 3e-4, 600));
   c.model.n_layers = 4;
   c.model.num_experts = 64;
   c.model.top_k = 4;

@@ -96,8 +96,11 @@ void DataLoaderConfig::visit(const FieldVisitor& f) {
   f("dataset", &dataset,
     "source: auto (fortunes corpus without dataset_path, else by extension; chat records "
     "found in JSON lines), fortunes, text (a line each), jsonl, chat (conversations: "
-    "messages, or prompt + completion), tokens (titan tokenize shards)");
+    "messages, or prompt + completion), tokens (titan tokenize shards), c4, c4_validation, "
+    "c4_test (C4's files on disk)");
   f("dataset_path", &dataset_path, "file, directory, glob or comma-separated list");
+  f("dataset_weights", &dataset_weights,
+    "mix the items of dataset_path by these weights (comma-separated, one each)");
   f("tokenizer", &tokenizer,
     "auto (model.hf_assets_path's tokenizer.json if it has one, else byte), byte, or a "
     "tokenizer.json or the directory holding it");
@@ -476,8 +479,12 @@ void apply_toml_file(JobConfig& c, const std::string& path) {
             at + ": " + key + " expects " + expected_type(it->ref) + ", got a list");
       for (const auto& x : *a) {
         const auto* s = x.as_string();
-        check(s != nullptr, at + ": " + key + " must be a string or a list of strings");
-        text += (text.empty() ? "" : ",") + s->get();
+        const auto* i = x.as_integer();
+        const auto* d = x.as_floating_point();
+        check(s || i || d, at + ": " + key + " must be a string or a list of strings or numbers");
+        text += (text.empty() ? "" : ",") + (s   ? s->get()
+                                             : i ? std::to_string(i->get())
+                                                 : shortest(d->get()));
       }
     } else {
       throw Error(at + ": " + key + " expects " + expected_type(it->ref) +
@@ -702,11 +709,31 @@ void validate(const JobConfig& c) {
   check(lo.rank == 0 || (std::isfinite(lo.alpha) && lo.alpha > 0),
         "lora.alpha must be positive (the adapters are scaled by alpha / rank), got " +
             shortest(lo.alpha));
+  dataset_weights(c);
   const auto& vc = c.validator;
   check(vc.freq > 0, "validator.freq must be positive");
   check(vc.steps == -1 || vc.steps > 0, "validator.steps must be -1 (the whole set) or positive");
   check(!vc.enable || !vc.dataset_path.empty(),
         "validator.enable needs validator.dataset_path (the validation corpus)");
+}
+
+std::vector<double> dataset_weights(const JobConfig& c) {
+  std::vector<double> w;
+  const std::string& text = c.dataloader.dataset_weights;
+  if (text.empty()) return w;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
+    char* end = nullptr;
+    const double v = item.empty() ? 0 : std::strtod(item.c_str(), &end);
+    check(!item.empty() && end == item.c_str() + item.size() && std::isfinite(v) && v > 0,
+          "dataloader.dataset_weights: '" + item +
+              "' is not a positive number; give one positive weight per item of "
+              "dataloader.dataset_path, e.g. 0.7,0.3");
+    w.push_back(v);
+  }
+  return w;
 }
 
 namespace {

@@ -98,6 +98,9 @@ struct DataLoaderConfig {
   // auto: the fortunes corpus (read as fortunes) without dataset_path, else by file extension
   std::string dataset = "auto";  // auto | fortunes | text | jsonl | chat | tokens
   std::string dataset_path;      // file, directory, glob or comma list; empty: the default
+  // One positive weight per item of dataset_path (comma-separated or a TOML list): the items are
+  // mixed by weight (data/dataset.h MixedDocuments); empty: read as one source
+  std::string dataset_weights;
   // auto: model.hf_assets_path's tokenizer.json when it has one, else byte; "byte" (256 bytes +
   // BOS/EOS/pad); or a tokenizer.json (or its directory)
   std::string tokenizer = "auto";
@@ -273,6 +276,10 @@ JobConfig build_job_config(const std::string& name, const std::vector<std::strin
 // Checks cross-field rules (batch sizes, schedule, checkpoint and data fields, ...). The model
 // section is checked by the model (models::validate_model_config).
 void validate(const JobConfig& c);
+
+// dataloader.dataset_weights as numbers (empty when not set). Throws titan::Error naming an item
+// that is not a finite positive number.
+std::vector<double> dataset_weights(const JobConfig& c);
 
 // Config functions registered by name.
 using ConfigFn = std::function<JobConfig()>;

@@ -1,6 +1,8 @@
 #include "titan/data/dataset.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 #include "titan/core/error.h"
 #include "titan/core/log.h"
@@ -62,7 +64,100 @@ std::string TokenDocuments::vocab_source() const {
   return "the token shards ('" + first + "'" + (shards_.size() > 1 ? ", ..." : "") + ")";
 }
 
+MixedDocuments::MixedDocuments(std::vector<std::shared_ptr<const DocumentSet>> sources,
+                               std::vector<double> weights)
+    : sources_(std::move(sources)) {
+  check(!sources_.empty() && sources_.size() == weights.size() && sources_.size() <= 255,
+        "a mix needs one weight per source (at most 255 sources)");
+  double total = 0;
+  for (double w : weights) total += w;
+  int64_t n = 0;
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    weights[s] /= total;
+    check(sources_[s]->packed() == sources_[0]->packed(),
+          "mixed sources must all be packed or all one document per row (sft.packing)");
+    n = std::max(
+        n, static_cast<int64_t>(std::ceil(static_cast<double>(sources_[s]->size()) / weights[s])));
+  }
+  // Smooth weighted round-robin: each turn every source gains its weight, the one ahead is
+  // picked and pays back 1.
+  std::vector<double> credit(sources_.size(), 0.0);
+  std::vector<int64_t> taken(sources_.size(), 0);
+  source_.resize(static_cast<size_t>(n));
+  local_.resize(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) {
+    size_t best = 0;
+    for (size_t s = 0; s < credit.size(); ++s) {
+      credit[s] += weights[s];
+      if (credit[s] > credit[best]) best = s;
+    }
+    credit[best] -= 1.0;
+    source_[static_cast<size_t>(j)] = static_cast<uint8_t>(best);
+    local_[static_cast<size_t>(j)] = taken[best]++ % sources_[best]->size();
+  }
+}
+
+void MixedDocuments::tokens(int64_t i, std::vector<int32_t>* out) const {
+  sources_[source_[static_cast<size_t>(i)]]->tokens(local_[static_cast<size_t>(i)], out);
+}
+
+void MixedDocuments::trained_tokens(int64_t i, std::vector<int32_t>* ids,
+                                    std::vector<uint8_t>* trained) const {
+  sources_[source_[static_cast<size_t>(i)]]->trained_tokens(local_[static_cast<size_t>(i)], ids,
+                                                            trained);
+}
+
+int64_t MixedDocuments::vocab_size() const {
+  int64_t v = 0;
+  for (const auto& s : sources_) v = std::max(v, s->vocab_size());
+  return v;
+}
+
+bool MixedDocuments::has_mask() const {
+  for (const auto& s : sources_)
+    if (s->has_mask()) return true;
+  return false;
+}
+
+namespace {
+std::shared_ptr<const DocumentSet> open_one(const DatasetSpec& spec);
+}  // namespace
+
 std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
+  if (spec.weights.empty()) return open_one(spec);
+  const SourceOptions& o = spec.source;
+  const std::vector<std::string> items = path_items(source_path(o));
+  check(items.size() == spec.weights.size(),
+        o.section + ".dataset_weights has " + std::to_string(spec.weights.size()) +
+            " weight(s) but " + o.section + ".dataset_path names " + std::to_string(items.size()) +
+            " source(s); give one weight per source");
+  std::vector<std::shared_ptr<const DocumentSet>> sources;
+  DatasetSpec one = spec;
+  one.weights.clear();
+  for (const auto& item : items) {
+    one.source.path = item;
+    sources.push_back(open_one(one));
+    if (!one.loaded) {
+      if (auto* t = dynamic_cast<const TextDocuments*>(sources.back().get()))
+        one.loaded = t->tokenizer();  // load the tokenizer once
+    }
+  }
+  auto mix = std::make_shared<MixedDocuments>(std::move(sources), spec.weights);
+  std::string shares;
+  double total = 0;
+  for (double w : spec.weights) total += w;
+  for (size_t s = 0; s < items.size(); ++s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f%%", 100.0 * spec.weights[s] / total);
+    shares += std::string(s ? ", " : "") + b + " " + items[s];
+  }
+  log::info(o.section + ": mixing " + std::to_string(items.size()) + " sources by weight, " +
+            std::to_string(mix->size()) + " documents per epoch: " + shares);
+  return mix;
+}
+
+namespace {
+std::shared_ptr<const DocumentSet> open_one(const DatasetSpec& spec) {
   const SourceOptions& o = spec.source;
   const std::string path = source_path(o);
   const std::vector<std::string> files = resolve_paths(path, o.section);
@@ -111,5 +206,6 @@ std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec) {
   if (!problems.empty()) log::warn(o.section + ": " + problems);
   return std::make_shared<TextDocuments>(std::move(docs), std::move(tok), "dataloader");
 }
+}  // namespace
 
 }  // namespace titan::data

@@ -69,6 +69,35 @@ class TokenDocuments final : public DocumentSet {
   int64_t vocab_ = 0;
 };
 
+// Several sources interleaved by weight, as Hugging Face's interleave_datasets(probabilities,
+// stopping_strategy="all_exhausted") and Megatron's blended datasets: document j of the mix comes
+// from the source that smooth weighted round-robin picks at j (so every prefix of the mix holds
+// each source within one document of its weight's share: the proportions are exact, and fixed by
+// the weights alone), taking that source's documents in order and starting it again when it runs
+// out. The mix is long enough for every document of every source to appear once: max over
+// sources of (documents / weight), the weights normalized to sum to 1.
+class MixedDocuments final : public DocumentSet {
+ public:
+  MixedDocuments(std::vector<std::shared_ptr<const DocumentSet>> sources,
+                 std::vector<double> weights);
+  int64_t size() const override { return static_cast<int64_t>(source_.size()); }
+  void tokens(int64_t i, std::vector<int32_t>* out) const override;
+  void trained_tokens(int64_t i, std::vector<int32_t>* ids,
+                      std::vector<uint8_t>* trained) const override;
+  int64_t vocab_size() const override;
+  std::string vocab_source() const override { return sources_.front()->vocab_source(); }
+  bool has_mask() const override;
+  bool packed() const override { return sources_.front()->packed(); }
+  // Which source document i of the mix comes from, and which of its documents.
+  int64_t source_of(int64_t i) const { return source_[static_cast<size_t>(i)]; }
+  int64_t document_of(int64_t i) const { return local_[static_cast<size_t>(i)]; }
+
+ private:
+  std::vector<std::shared_ptr<const DocumentSet>> sources_;
+  std::vector<uint8_t> source_;
+  std::vector<int64_t> local_;
+};
+
 // How conversations become training documents (sft.*; chat_dataset.h).
 struct ChatOptions {
   bool train_on_prompt = false;  // train on every token, not only the assistant turns
@@ -83,13 +112,17 @@ struct DatasetSpec {
   std::string tokenizer = "byte";           // for text sources
   std::shared_ptr<const Tokenizer> loaded;  // when set, used instead of loading `tokenizer`
   std::string index_dir;  // where text files' indexes are kept (text_corpus.h); "": nowhere
+  // One weight per item of source.path (comma-separated or a TOML list), each item a source
+  // of its own, mixed by MixedDocuments; empty: the items are read as one source.
+  std::vector<double> weights;
 };
 
 // Opens the dataset the spec names: token shards when dataset is "tokens" or every file is a
 // .bin shard; conversations (chat_dataset.h) when dataset is "chat", or "auto" and the first
 // file is JSON lines (or a .json array) whose first record has "messages", or "prompt" and
 // "completion"; else text read with read_documents and tokenized with spec.tokenizer. Logs one
-// line with the document count and anything replaced or skipped.
+// line with the document count and anything replaced or skipped. With weights, each item of the
+// path is opened so and the items are mixed (MixedDocuments).
 std::shared_ptr<const DocumentSet> open_dataset(const DatasetSpec& spec);
 
 }  // namespace titan::data

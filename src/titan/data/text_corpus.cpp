@@ -499,10 +499,15 @@ std::shared_ptr<const TextCorpus> open_text_corpus(const SourceOptions& o,
     } else {
       if (!why.empty()) log::info(o.section + ": indexing " + file + " again: " + why);
       scan_file(o, &f);
-      if (!saved.empty()) {
-        std::error_code ec;
-        fs::create_directories(index_dir, ec);
-        save_index(saved, f, o);
+      if (!saved.empty()) {  // a cache: a failure to keep it costs the next run a pass
+        try {
+          std::error_code ec;
+          fs::create_directories(index_dir, ec);
+          save_index(saved, f, o);
+        } catch (const Error& e) {
+          log::warn(o.section + ": the index of " + file + " was not saved (" + e.what() +
+                    "); the next run indexes it again");
+        }
       }
     }
     add_stats(f.stats, st);

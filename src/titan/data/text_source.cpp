@@ -191,14 +191,70 @@ std::string read_text_file(const std::string& file, SourceStats* st) {
   return text;
 }
 
+namespace {
+
+// torchtitan's dataset names for C4, read from the files as they are on disk (JSON lines with a
+// "text" field; the shards gzip-compressed).
+struct C4Files {
+  const char* name;
+  const char* default_dir;  // torchtitan's default path, relative to the working directory
+  const char* file;         // the file, or a glob of the shards, in that directory (or its en/)
+  const char* what;
+};
+constexpr C4Files kC4[] = {
+    {"c4", "allenai/c4", "c4-train.*-of-01024.json.gz", "C4's training shards"},
+    {"c4_validation", "allenai/c4", "c4-validation.*-of-00008.json.gz", "C4's validation shards"},
+    {"c4_test", "tests/assets/c4_test", "data.json",
+     "torchtitan's c4_test file (the first 2,000 C4 documents)"},
+};
+
+const C4Files* c4_files(const std::string& dataset) {
+  for (const auto& c : kC4)
+    if (dataset == c.name) return &c;
+  return nullptr;
+}
+
+// Whether pattern (a path or a glob) names at least one file.
+bool matches(const std::string& pattern) {
+  glob_t g{};
+  const int rc = glob(pattern.c_str(), 0, nullptr, &g);
+  const bool any = rc == 0 && g.gl_pathc > 0;
+  globfree(&g);
+  return any;
+}
+
+// The files a C4 name reads: dataset_path itself when it is a file, else its C4 files (in it or
+// in its en/ folder, as the allenai/c4 repository holds them).
+std::string c4_path(const SourceOptions& o, const C4Files& c) {
+  const std::string dir = o.path.empty() ? c.default_dir : o.path;
+  std::error_code ec;
+  if (!o.path.empty() && fs::is_regular_file(dir, ec)) return dir;
+  for (const std::string& sub : {std::string(), std::string("/en")}) {
+    const std::string p = dir + sub + "/" + c.file;
+    if (matches(p)) return p;
+  }
+  throw Error(o.section + ".dataset " + c.name + " reads " + c.what + " (" + c.file +
+              ", JSON lines with a 'text' field) from a folder, and '" + dir + "' (nor its en/) " +
+              (fs::is_directory(dir, ec) ? "holds none" : "does not exist") + "; set " + o.section +
+              ".dataset_path to the folder holding them" +
+              (std::string(c.name) == "c4_test"
+                   ? " (tests/assets/c4_test of a torchtitan checkout)"
+                   : " (a download of huggingface.co/datasets/allenai/c4, e.g. `hf download "
+                     "allenai/c4 --repo-type dataset --include 'en/c4-train.0000*' --local-dir "
+                     "DIR`)"));
+}
+
+}  // namespace
+
 std::string effective_dataset(const SourceOptions& o) {
+  if (c4_files(o.dataset)) return "jsonl";
   if (o.dataset != "auto") return o.dataset;
   if (o.path.empty()) return "fortunes";
   std::error_code ec;
   return fs::equivalent(o.path, kFortunesDir, ec) ? "fortunes" : "auto";
 }
 
-std::vector<std::string> resolve_paths(const std::string& path, const std::string& section) {
+std::vector<std::string> path_items(const std::string& path) {
   std::vector<std::string> items;
   std::error_code ec;
   if (path.find(',') != std::string::npos && !fs::exists(path, ec)) {
@@ -211,8 +267,13 @@ std::vector<std::string> resolve_paths(const std::string& path, const std::strin
   } else {
     items.push_back(path);
   }
+  return items;
+}
+
+std::vector<std::string> resolve_paths(const std::string& path, const std::string& section) {
+  std::error_code ec;
   std::vector<std::string> files;
-  for (const auto& item : items) {
+  for (const auto& item : path_items(path)) {
     if (item.find_first_of("*?[") == std::string::npos || fs::exists(item, ec)) {
       add_path(item, section, &files);
       continue;
@@ -253,10 +314,12 @@ std::string file_format(const std::string& dataset, const std::string& file) {
 
 std::string source_path(const SourceOptions& o) {
   const std::string& d = o.dataset;
+  if (const C4Files* c = c4_files(d)) return c4_path(o, *c);
   check(
       d == "fortunes" || d == "text" || d == "jsonl" || d == "tokens" || d == "chat" || d == "auto",
       o.section + ".dataset '" + d +
-          "' is not a built-in source; use fortunes, text, jsonl, chat, tokens or auto");
+          "' is not a built-in source; use fortunes, text, jsonl, chat, tokens, auto, c4, "
+          "c4_validation or c4_test");
   if (!o.path.empty()) return o.path;
   check(d == "fortunes" || d == "auto",
         o.section + ".dataset '" + d + "' needs " + o.section + ".dataset_path");

@@ -49,6 +49,10 @@ struct SourceStats {
   std::string first_malformed, first_missing, first_utf8;  // "file:line" of the first of each
 };
 
+// The items of a comma-separated path (each trimmed; one item when the path, commas and all,
+// exists).
+std::vector<std::string> path_items(const std::string& path);
+
 // The files a path names, in order. Throws titan::Error naming a missing path or a pattern that
 // matches nothing.
 std::vector<std::string> resolve_paths(const std::string& path);

@@ -38,6 +38,7 @@ data::DatasetSpec spec_of(const config::JobConfig& c) {
 
 data::DatasetSpec dataloader_spec(const config::JobConfig& c) {
   data::DatasetSpec s = spec_of(c);
+  s.weights = config::dataset_weights(c);
   if (c.dataloader.tokenizer == "auto" && s.tokenizer != "byte")
     log::info("dataloader.tokenizer auto: using the tokenizer.json of model.hf_assets_path " +
               s.tokenizer);
