@@ -11,6 +11,8 @@ bash scripts/check-layering.sh
 echo "== Release build and tests"
 bash scripts/build.sh build -DCMAKE_BUILD_TYPE=Release
 ctest --test-dir build --output-on-failure -j "$jobs"
+echo "== Two hosts (network namespaces joined by a veth pair)"
+bash scripts/two-host-check.sh build
 if [ -x build/tests/ops/cuda/titan_cuda_kernels_test ]; then  # built when CMake found nvcc
   echo "== CUDA kernels: compiled; their test against the CPU kernels:"
   build/tests/ops/cuda/titan_cuda_kernels_test | tail -1 || true
