@@ -394,6 +394,17 @@ TEST(JobConfig, OutOfRangeIntegerSaysSo) {
   EXPECT_NE(error_of(c, {"--optimizer.lr", "1e999"}).find("out of range"), std::string::npos);
 }
 
+// The seed's three runs train as the seed does: 10 steps, one sequence per rank, on c4_test.
+TEST(JobConfig, SeedRunsTrainTenStepsOnC4Test) {
+  register_builtin_configs();
+  for (const char* name : {"native_qwen3_4b", "v5_qwen3_4b", "nki_qwen3_30b_a3b"}) {
+    const JobConfig c = make_config(name);
+    EXPECT_EQ(c.training.steps, 10) << name;
+    EXPECT_EQ(c.training.local_batch_size, 1) << name;
+    EXPECT_EQ(c.dataloader.dataset, "c4_test") << name;
+  }
+}
+
 // A TOML array for an integer field said "must be a list of strings".
 TEST(JobConfig, TomlListForAScalarFieldNamesTheType) {
   JobConfig c;

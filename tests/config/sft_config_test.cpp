@@ -20,12 +20,17 @@ TEST(SftConfig, DefaultsFlagsAndRefusedValues) {
   EXPECT_EQ(c.sft.truncation, "drop");
   validate(c);
   const std::string toml = to_string(c);
-  EXPECT_NE(toml.find("[sft]\ntrain_on_prompt = true\npacking = false\ntruncation = \"drop\""),
+  EXPECT_NE(toml.find("[sft]\ntrain_on_prompt = true\npacking = false\npacking_strategy = \"bfd\"\n"
+                      "truncation = \"drop\""),
             std::string::npos)
       << toml;
   c.sft.truncation = "cut";
   const std::string err = titan::testing::error_of([&] { validate(c); });
   EXPECT_NE(err.find("sft.truncation 'cut' must be truncate or drop"), std::string::npos) << err;
+  c.sft.truncation = "drop";
+  c.sft.packing_strategy = "ffd";
+  const std::string e2 = titan::testing::error_of([&] { validate(c); });
+  EXPECT_NE(e2.find("sft.packing_strategy 'ffd' must be bfd or wrapped"), std::string::npos) << e2;
 }
 
 }  // namespace

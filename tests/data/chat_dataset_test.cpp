@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -191,6 +193,91 @@ TEST(ChatDataset, OneConversationPerRowIsPaddedWithCausalPositions) {
       }
     }
   }
+}
+
+// Best-fit packing: whole conversations fill rows (none split, each once), longest first into the
+// fullest row that fits; the loader restarts positions at each and never labels across two, and
+// pads the rest of the row; far less padding than one conversation per row.
+TEST(ChatDataset, BestFitPackingKeepsConversationsWhole) {
+  const std::string dir = titan::testing::fresh_temp_dir("chat_bfd");
+  std::vector<std::string> lines;
+  for (int i = 0; i < 60; ++i)
+    lines.push_back(conv(std::string(1 + (i * 7) % 23, 'u'), std::string(1 + (i * 13) % 37, 'a')));
+  const std::string p = write_lines(dir, "c.jsonl", lines);
+  const int64_t seq = 256;
+  ChatOptions o;
+  o.max_tokens = seq + 1;
+  auto bfd = std::make_shared<ChatDocuments>(source(p), o, make_tokenizer("byte"));
+  o.packing = false;
+  auto one = std::make_shared<ChatDocuments>(source(p), o, make_tokenizer("byte"));
+  ASSERT_EQ(bfd->conversations(), 60);
+  ASSERT_FALSE(bfd->packed());
+  std::vector<int> seen(60, 0);
+  int64_t total = 0;
+  for (int64_t r = 0; r < bfd->size(); ++r) {
+    int64_t fill = 0;
+    for (int64_t k = 0; k < bfd->parts(r); ++k) {
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> m;
+      bfd->part_tokens(r, k, &ids, &m);
+      fill += static_cast<int64_t>(ids.size()) - 1;
+      // Which conversation: the same ids as one of the one-per-row documents.
+      for (int64_t c = 0; c < 60; ++c) {
+        std::vector<int32_t> x;
+        one->tokens(c, &x);
+        if (x == ids) {
+          ++seen[static_cast<size_t>(c)];
+          break;
+        }
+      }
+    }
+    EXPECT_LE(fill, seq) << "row " << r;
+    total += fill;
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 60) << "every conversation once, whole";
+  const int64_t lower = (total + seq - 1) / seq;
+  // Best-fit decreasing uses at most 11/9 of the optimal rows + 6/9 (Dosa 2007); the optimum is
+  // at least the bound.
+  EXPECT_LE(bfd->size(), (11 * lower + 6) / 9 + 1);
+  EXPECT_NEAR(bfd->padding_share(), 1.0 - static_cast<double>(total) / (bfd->size() * seq), 1e-12);
+  std::printf(
+      "best-fit: %lld conversations in %lld rows of %lld (bound %lld), padding %.1f%%; "
+      "one per row: padding %.1f%%\n",
+      60LL, static_cast<long long>(bfd->size()), static_cast<long long>(seq),
+      static_cast<long long>(lower), 100 * bfd->padding_share(),
+      100.0 * (1.0 - static_cast<double>(total) / (60.0 * seq)));
+
+  LoaderOptions lo;
+  lo.batch = 1;
+  lo.seq_len = seq;
+  lo.shuffle = false;
+  PackedLoader l(bfd, lo);
+  for (int64_t r = 0; r < bfd->size(); ++r) {
+    const Rows got = next_rows(l, 1, seq);
+    size_t at = 0;
+    for (int64_t k = 0; k < bfd->parts(r); ++k) {
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> m;
+      bfd->part_tokens(r, k, &ids, &m);
+      for (size_t j = 0; j + 1 < ids.size(); ++j, ++at) {
+        ASSERT_EQ(got.in[at], ids[j]) << r << " " << k << " " << j;
+        ASSERT_EQ(got.pos[at], static_cast<int32_t>(j));
+        ASSERT_EQ(got.lab[at], m[j + 1] ? ids[j + 1] : -100) << "a label crosses conversations";
+      }
+    }
+    for (; at < static_cast<size_t>(seq); ++at) {
+      ASSERT_EQ(got.lab[at], -100);
+      ASSERT_EQ(got.pos[at], got.pos[at - 1] + 1) << "padding positions count on";
+    }
+  }
+  // The loader's state holds such rows and resumes.
+  const nlohmann::json st = l.state();
+  const Rows a = next_rows(l, 1, seq);
+  PackedLoader m2(bfd, lo);
+  m2.restore(st);
+  const Rows b = next_rows(m2, 1, seq);
+  EXPECT_EQ(a.in, b.in);
+  EXPECT_EQ(a.pos, b.pos);
 }
 
 TEST(ChatDataset, LongConversationsAreTruncatedOrDroppedAndCounted) {

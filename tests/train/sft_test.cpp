@@ -91,6 +91,7 @@ TEST(Sft, TrainOnPromptTakesTheLossOnEveryTokenAndUnpackedRowsPad) {
   const std::string dir = titan::testing::fresh_temp_dir("sft_flags");
   config::JobConfig c = sft_job(dir);
   c.sft.train_on_prompt = true;
+  c.sft.packing_strategy = "wrapped";  // rows cut from the stream: no padding
   {
     Trainer t(c);
     EXPECT_EQ(t.step().valid_tokens, c.training.local_batch_size * c.training.seq_len);

@@ -115,6 +115,9 @@ void SftConfig::visit(const FieldVisitor& f) {
   f("train_on_prompt", &train_on_prompt,
     "chat data: the loss on every token, not only the assistant turns");
   f("packing", &packing, "chat data: pack conversations into rows (false: one per row, padded)");
+  f("packing_strategy", &packing_strategy,
+    "chat data with packing: bfd (whole conversations, best fit, padded) or wrapped (cut into "
+    "rows)");
   f("truncation", &truncation,
     "chat data: a conversation longer than training.seq_len + 1 tokens: truncate or drop");
 }
@@ -698,6 +701,8 @@ void validate(const JobConfig& c) {
   check(!c.dataloader.text_field.empty(), "dataloader.text_field must name a JSON field");
   check(c.sft.truncation == "truncate" || c.sft.truncation == "drop",
         "sft.truncation '" + c.sft.truncation + "' must be truncate or drop");
+  check(c.sft.packing_strategy == "bfd" || c.sft.packing_strategy == "wrapped",
+        "sft.packing_strategy '" + c.sft.packing_strategy + "' must be bfd or wrapped");
   check(c.eval.logits_out.empty() || !c.eval.tokens_path.empty(),
         "eval.logits_out needs eval.tokens_path (the logits are written for the token ids in "
         "that file)");

@@ -115,6 +115,10 @@ struct DataLoaderConfig {
 struct SftConfig {
   bool train_on_prompt = false;  // the loss on every token, not only the assistant turns
   bool packing = true;           // conversations packed into rows; false: one per row, padded
+  // With packing: bfd (best-fit decreasing: whole conversations fill rows, the rest padded; TRL's
+  // default) or wrapped (one stream cut into rows: no padding, a conversation may continue in
+  // the next row)
+  std::string packing_strategy = "bfd";
   // a conversation longer than training.seq_len + 1 tokens: truncate (keep its start) or drop
   std::string truncation = "truncate";
   void visit(const FieldVisitor& f);

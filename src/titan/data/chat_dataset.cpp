@@ -2,9 +2,11 @@
 // (chat_dataset.h).
 #include "titan/data/chat_dataset.h"
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "nlohmann/json.hpp"
@@ -88,6 +90,8 @@ ChatDocuments::ChatDocuments(const SourceOptions& o, const ChatOptions& opt,
     : tok_(std::move(tok)), packing_(opt.packing) {
   check(opt.truncation == "truncate" || opt.truncation == "drop",
         "sft.truncation '" + opt.truncation + "' must be truncate or drop");
+  check(opt.packing_strategy == "bfd" || opt.packing_strategy == "wrapped",
+        "sft.packing_strategy '" + opt.packing_strategy + "' must be bfd or wrapped");
   ChatStats local;
   ChatStats& st = stats ? *stats : local;
   st = ChatStats{};
@@ -147,6 +151,8 @@ ChatDocuments::ChatDocuments(const SourceOptions& o, const ChatOptions& opt,
     std::vector<uint8_t>().swap(trained[i]);
   }
   st.tokens = static_cast<int64_t>(ids_.size());
+  if (opt.packing && opt.packing_strategy == "bfd" && opt.max_tokens > 1 && conversations() > 0)
+    pack_best_fit(opt.max_tokens - 1);
   if (size() == 0) {
     std::string problems = describe_problems(st.source, o.text_field);
     const std::string chat = describe_chat_problems(st, opt);
@@ -157,16 +163,70 @@ ChatDocuments::ChatDocuments(const SourceOptions& o, const ChatOptions& opt,
   }
 }
 
+void ChatDocuments::pack_best_fit(int64_t row) {
+  const int64_t n = conversations();
+  // A conversation of L ids fills L - 1 input positions (inputs ids[:-1], labels ids[1:]).
+  const auto fill = [&](int64_t c) {
+    return starts_[static_cast<size_t>(c) + 1] - starts_[static_cast<size_t>(c)] - 1;
+  };
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) order[static_cast<size_t>(c)] = c;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return fill(a) > fill(b); });
+  std::multimap<int64_t, size_t> room;  // room left -> row
+  std::vector<std::vector<int64_t>> rows;
+  int64_t used = 0;
+  for (int64_t c : order) {
+    const int64_t f = std::min(fill(c), row);
+    used += f;
+    auto it = room.lower_bound(f);  // the row with the least room that still fits
+    int64_t left = row;
+    size_t r = rows.size();
+    if (it == room.end()) {
+      rows.emplace_back();
+    } else {
+      left = it->first;
+      r = it->second;
+      room.erase(it);
+    }
+    rows[r].push_back(c);
+    room.emplace(left - f, r);
+  }
+  for (auto& r : rows) std::sort(r.begin(), r.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
+  rows_.push_back(0);
+  for (const auto& r : rows) {
+    members_.insert(members_.end(), r.begin(), r.end());
+    rows_.push_back(static_cast<int64_t>(members_.size()));
+  }
+  padding_ = 1.0 - static_cast<double>(used) / static_cast<double>(row * (rows_.size() - 1));
+}
+
+void ChatDocuments::conversation(int64_t c, std::vector<int32_t>* ids,
+                                 std::vector<uint8_t>* trained) const {
+  const auto a = starts_[static_cast<size_t>(c)], b = starts_[static_cast<size_t>(c) + 1];
+  ids->insert(ids->end(), ids_.begin() + a, ids_.begin() + b);
+  if (trained) trained->insert(trained->end(), trained_.begin() + a, trained_.begin() + b);
+}
+
+int64_t ChatDocuments::parts(int64_t i) const {
+  if (rows_.empty()) return 1;
+  return rows_[static_cast<size_t>(i) + 1] - rows_[static_cast<size_t>(i)];
+}
+
+void ChatDocuments::part_tokens(int64_t i, int64_t k, std::vector<int32_t>* ids,
+                                std::vector<uint8_t>* trained) const {
+  conversation(rows_.empty() ? i : members_[static_cast<size_t>(rows_[static_cast<size_t>(i)] + k)],
+               ids, trained);
+}
+
 void ChatDocuments::tokens(int64_t i, std::vector<int32_t>* out) const {
-  out->insert(out->end(), ids_.begin() + starts_[static_cast<size_t>(i)],
-              ids_.begin() + starts_[static_cast<size_t>(i) + 1]);
+  for (int64_t k = 0; k < parts(i); ++k) part_tokens(i, k, out, nullptr);
 }
 
 void ChatDocuments::trained_tokens(int64_t i, std::vector<int32_t>* ids,
                                    std::vector<uint8_t>* trained) const {
-  tokens(i, ids);
-  trained->insert(trained->end(), trained_.begin() + starts_[static_cast<size_t>(i)],
-                  trained_.begin() + starts_[static_cast<size_t>(i) + 1]);
+  for (int64_t k = 0; k < parts(i); ++k) part_tokens(i, k, ids, trained);
 }
 
 std::string ChatDocuments::vocab_source() const {
@@ -213,16 +273,28 @@ std::string describe_chat_problems(const ChatStats& s, const ChatOptions& opt) {
   return r;
 }
 
+namespace {
+std::string packed_rows(const ChatDocuments& d) {
+  char b[96];
+  std::snprintf(b, sizeof b, ", best-fit packed into %lld rows, %.1f%% padding",
+                static_cast<long long>(d.size()), 100.0 * d.padding_share());
+  return b;
+}
+}  // namespace
+
 std::shared_ptr<const DocumentSet> open_chat_dataset(const SourceOptions& o, const ChatOptions& opt,
                                                      std::shared_ptr<const Tokenizer> tok) {
   ChatStats st;
   auto d = std::make_shared<ChatDocuments>(o, opt, tok, &st);
-  log::info(
-      o.section + ": " + std::to_string(d->size()) + " conversations (" +
-      std::to_string(st.tokens) + " tokens, " + std::to_string(st.trained) + " trained labels" +
-      (opt.train_on_prompt ? ", sft.train_on_prompt" : ", assistant turns") +
-      (opt.packing ? ", packed" : ", one per row") + ") in " + std::to_string(st.source.files) +
-      " file(s) at " + source_path(o) + ", tokenizer " + tok->name());
+  log::info(o.section + ": " + std::to_string(d->size()) + " conversations (" +
+            std::to_string(st.tokens) + " tokens, " + std::to_string(st.trained) +
+            " trained labels" +
+            (opt.train_on_prompt ? ", sft.train_on_prompt" : ", assistant turns") +
+            (!opt.packing  ? ", one per row"
+             : d->packed() ? ", packed into rows (wrapped)"
+                           : packed_rows(*d)) +
+            ") in " + std::to_string(st.source.files) + " file(s) at " + source_path(o) +
+            ", tokenizer " + tok->name());
   std::string problems = describe_problems(st.source, o.text_field);
   const std::string chat = describe_chat_problems(st, opt);
   if (!chat.empty()) problems += (problems.empty() ? "" : "; ") + chat;

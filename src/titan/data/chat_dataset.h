@@ -22,6 +22,11 @@
 // conversation may still continue in the next row (its positions re-based to 0 there).
 // Conversations left without a trained label (no assistant turn kept after truncation) are
 // dropped. Each is counted and reported in one log line.
+// Packing (sft.packing_strategy): "bfd" (the default, as TRL's) fills rows with whole
+// conversations by best-fit decreasing (longest first, each into the row with the least room
+// that still fits it, a new row when none does; rows then ordered by their first conversation
+// in the file) and pads the rest of each row, so that no conversation is split; "wrapped" cuts
+// one stream of conversations into rows, as for text, without padding.
 // Malformed records (not an object, neither "messages" nor "prompt" and "completion", a message
 // without a string role or content, an unknown role, prompt and completion of different kinds,
 // no assistant turn to train while train_on_prompt is off) stop with file:line, or are skipped
@@ -52,19 +57,37 @@ class ChatDocuments final : public DocumentSet {
   // opt's mask and length rules; stats (when not null) receives the counts.
   ChatDocuments(const SourceOptions& o, const ChatOptions& opt,
                 std::shared_ptr<const Tokenizer> tok, ChatStats* stats = nullptr);
-  int64_t size() const override { return static_cast<int64_t>(starts_.size()) - 1; }
+  // The documents: one per conversation, or with best-fit packing one per row (its parts the
+  // row's conversations).
+  int64_t size() const override {
+    return static_cast<int64_t>((rows_.empty() ? starts_.size() : rows_.size())) - 1;
+  }
   void tokens(int64_t i, std::vector<int32_t>* out) const override;
   bool has_mask() const override { return true; }
   void trained_tokens(int64_t i, std::vector<int32_t>* ids,
                       std::vector<uint8_t>* trained) const override;
   int64_t vocab_size() const override { return tok_->vocab_size(); }
   std::string vocab_source() const override;
-  bool packed() const override { return packing_; }
+  bool packed() const override { return packing_ && rows_.empty(); }
+  int64_t parts(int64_t i) const override;
+  void part_tokens(int64_t i, int64_t k, std::vector<int32_t>* ids,
+                   std::vector<uint8_t>* trained) const override;
   const std::shared_ptr<const Tokenizer>& tokenizer() const { return tok_; }
+  // Best-fit packing: the conversations, how many rows they fill and the padding among the rows'
+  // seq_len input positions (0 without it).
+  int64_t conversations() const { return static_cast<int64_t>(starts_.size()) - 1; }
+  double padding_share() const { return padding_; }
 
  private:
+  // Fills rows of `row` input positions with whole conversations (best-fit decreasing).
+  void pack_best_fit(int64_t row);
+  // Conversation c's ids and flags (when trained is not null), appended.
+  void conversation(int64_t c, std::vector<int32_t>* ids, std::vector<uint8_t>* trained) const;
   std::shared_ptr<const Tokenizer> tok_;
   bool packing_ = true;
+  std::vector<int64_t> rows_;     // best-fit packing: first entry of each row in members_, total
+  std::vector<int64_t> members_;  // the rows' conversations, row by row
+  double padding_ = 0;
   std::vector<int32_t> ids_;      // every kept conversation's ids, back to back
   std::vector<uint8_t> trained_;  // per id: trained (1) or not (0)
   std::vector<int64_t> starts_;   // first id of each conversation, then the total

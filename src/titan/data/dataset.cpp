@@ -165,10 +165,11 @@ std::shared_ptr<const DocumentSet> open_one(const DatasetSpec& spec) {
   const auto no_sft = [&](const std::string& kind) {
     const ChatOptions d;
     const ChatOptions& c = spec.chat;
-    const char* f = c.train_on_prompt != d.train_on_prompt ? "train_on_prompt"
-                    : c.packing != d.packing               ? "packing"
-                    : c.truncation != d.truncation         ? "truncation"
-                                                           : nullptr;
+    const char* f = c.train_on_prompt != d.train_on_prompt     ? "train_on_prompt"
+                    : c.packing != d.packing                   ? "packing"
+                    : c.truncation != d.truncation             ? "truncation"
+                    : c.packing_strategy != d.packing_strategy ? "packing_strategy"
+                                                               : nullptr;
     check(o.section != "dataloader" || f == nullptr,
           std::string("sft.") + (f ? f : "") + " has no effect: " + o.section + ".dataset_path '" +
               path + "' holds " + kind +

@@ -32,8 +32,16 @@ class DocumentSet {
   virtual void trained_tokens(int64_t i, std::vector<int32_t>* ids,
                               std::vector<uint8_t>* trained) const;
   // Whether the loader packs documents back to back into rows (true), or gives each document its
-  // own row, cut to the row and padded (sft.packing false).
+  // own row, cut to the row and padded (sft.packing false; best-fit packing, below).
   virtual bool packed() const { return true; }
+  // A document made of parts that share one row (best-fit packing: whole conversations): how
+  // many, and part k's ids and trained flags (appended). The loader gives each part its own
+  // positions from 0 and never labels across two. Default: one part, trained_tokens(i).
+  virtual int64_t parts(int64_t /*i*/) const { return 1; }
+  virtual void part_tokens(int64_t i, int64_t /*k*/, std::vector<int32_t>* ids,
+                           std::vector<uint8_t>* trained) const {
+    trained_tokens(i, ids, trained);
+  }
 };
 
 class TextDocuments final : public DocumentSet {
@@ -100,9 +108,10 @@ class MixedDocuments final : public DocumentSet {
 
 // How conversations become training documents (sft.*; chat_dataset.h).
 struct ChatOptions {
-  bool train_on_prompt = false;  // train on every token, not only the assistant turns
-  bool packing = true;           // pack conversations into rows, or one (padded) per row
-  int64_t max_tokens = 0;        // the longest conversation kept whole (seq_len + 1); 0: no limit
+  bool train_on_prompt = false;          // train on every token, not only the assistant turns
+  bool packing = true;                   // pack conversations into rows, or one (padded) per row
+  std::string packing_strategy = "bfd";  // with packing: bfd or wrapped (chat_dataset.h)
+  int64_t max_tokens = 0;  // the longest conversation kept whole (seq_len + 1); 0: no limit
   std::string truncation = "truncate";  // a longer one: truncate (keep its start) or drop
 };
 

@@ -51,37 +51,50 @@ void PackedLoader::refill() {
         }
       }
     }
-    ids_.clear();
-    trained_.clear();
-    if (docs_->has_mask())
-      docs_->trained_tokens(order_[cursor_++], &ids_, &trained_);
-    else
-      docs_->tokens(order_[cursor_++], &ids_);
-    if (ids_.size() < 2) {
+    // A document, or (best-fit packing) the parts of one row, each from position 0.
+    const int64_t doc = order_[cursor_++];
+    const bool packed = docs_->packed();
+    const int64_t parts = packed ? 1 : docs_->parts(doc);
+    int64_t filled = 0;    // this row's input positions so far (one document per row)
+    int32_t next_pos = 0;  // the position after the last part's last
+    for (int64_t k = 0; k < parts; ++k) {
+      ids_.clear();
+      trained_.clear();
+      if (!packed)
+        docs_->part_tokens(doc, k, &ids_, &trained_);
+      else if (docs_->has_mask())
+        docs_->trained_tokens(doc, &ids_, &trained_);
+      else
+        docs_->tokens(doc, &ids_);
+      if (ids_.size() < 2 || filled == opt_.seq_len) continue;
+      // Compact consumed tokens before growing.
+      if (head_ > 0 && in_.size() + ids_.size() > in_.capacity()) {
+        in_.erase(in_.begin(), in_.begin() + static_cast<long>(head_));
+        lab_.erase(lab_.begin(), lab_.begin() + static_cast<long>(head_));
+        pos_.erase(pos_.begin(), pos_.begin() + static_cast<long>(head_));
+        head_ = 0;
+      }
+      const bool masked = docs_->has_mask() && !trained_.empty();
+      const size_t pairs =
+          packed ? ids_.size() - 1
+                 : std::min(ids_.size() - 1, static_cast<size_t>(opt_.seq_len - filled));
+      for (size_t i = 0; i < pairs; ++i) {
+        in_.push_back(ids_[i]);
+        lab_.push_back(masked && trained_[i + 1] == 0 ? kUntrained : ids_[i + 1]);
+        pos_.push_back(static_cast<int32_t>(static_cast<int64_t>(i) % opt_.seq_len));
+      }
+      filled += static_cast<int64_t>(pairs);
+      next_pos = static_cast<int32_t>(pairs);
+    }
+    if (filled == 0) {
       ++empty_docs;
       continue;
     }
-    // Compact consumed tokens before growing.
-    if (head_ > 0 && in_.size() + ids_.size() > in_.capacity()) {
-      in_.erase(in_.begin(), in_.begin() + static_cast<long>(head_));
-      lab_.erase(lab_.begin(), lab_.begin() + static_cast<long>(head_));
-      pos_.erase(pos_.begin(), pos_.begin() + static_cast<long>(head_));
-      head_ = 0;
-    }
-    const bool masked = !trained_.empty();
-    const bool packed = docs_->packed();
-    const size_t pairs =
-        packed ? ids_.size() - 1 : std::min(ids_.size() - 1, static_cast<size_t>(opt_.seq_len));
-    for (size_t i = 0; i < pairs; ++i) {
-      in_.push_back(ids_[i]);
-      lab_.push_back(masked && trained_[i + 1] == 0 ? kUntrained : ids_[i + 1]);
-      pos_.push_back(static_cast<int32_t>(static_cast<int64_t>(i) % opt_.seq_len));
-    }
     // One document per row: the rest of its row is padding, positions counting on (causal).
-    for (size_t i = packed ? opt_.seq_len : pairs; i < static_cast<size_t>(opt_.seq_len); ++i) {
+    for (int64_t i = packed ? opt_.seq_len : filled; i < opt_.seq_len; ++i) {
       in_.push_back(0);
       lab_.push_back(kUntrained);
-      pos_.push_back(static_cast<int32_t>(i));
+      pos_.push_back(next_pos++);
     }
   }
 }

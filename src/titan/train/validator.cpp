@@ -30,6 +30,7 @@ data::DatasetSpec spec_of(const config::JobConfig& c) {
   s.tokenizer = resolved_tokenizer(c);
   s.chat.train_on_prompt = c.sft.train_on_prompt;
   s.chat.packing = c.sft.packing;
+  s.chat.packing_strategy = c.sft.packing_strategy;
   s.chat.max_tokens = c.training.seq_len + 1;  // one full row of inputs and labels
   s.chat.truncation = c.sft.truncation;
   return s;
