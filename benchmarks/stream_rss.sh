@@ -43,8 +43,8 @@ os.rename(path + '.tmp', path)
 PY
 fi
 size=$(stat -c %s "$corpus")
-mem=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
-avail=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
+mem=$(awk '/MemTotal/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+avail=$(awk '/MemAvailable/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
 echo "corpus: $(numfmt --to=iec "$size") on disk; memory: $(numfmt --to=iec "$mem") total," \
      "$(numfmt --to=iec "$avail") available; CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 out="$dir/outputs"

@@ -286,7 +286,7 @@ std::shared_ptr<const DocumentSet> open_chat_dataset(const SourceOptions& o, con
                                                      std::shared_ptr<const Tokenizer> tok) {
   ChatStats st;
   auto d = std::make_shared<ChatDocuments>(o, opt, tok, &st);
-  log::info(o.section + ": " + std::to_string(d->size()) + " conversations (" +
+  log::info(o.section + ": " + std::to_string(d->conversations()) + " conversations (" +
             std::to_string(st.tokens) + " tokens, " + std::to_string(st.trained) +
             " trained labels" +
             (opt.train_on_prompt ? ", sft.train_on_prompt" : ", assistant turns") +

@@ -286,10 +286,14 @@ void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   const std::string index_dir = cfg_.dump_folder + "/dataset_index";
   data::DatasetSpec spec = dataloader_spec(cfg_);
   spec.index_dir = index_dir;
+  // Rank 0 indexes new files first; the other ranks then reuse the index it saved instead of
+  // each reading the whole corpus again.
+  if (!rank0()) dist::world().barrier();
   std::shared_ptr<const data::DocumentSet> dataset =
       docs.empty() ? data::open_dataset(spec)
                    : std::make_shared<data::TextDocuments>(
                          std::move(docs), data::make_tokenizer(resolved_tokenizer(cfg_)));
+  if (rank0()) dist::world().barrier();
   check_vocab_fits(*dataset, vocab);
   const auto* chat = dynamic_cast<const data::ChatDocuments*>(dataset.get());
   text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr || chat;
