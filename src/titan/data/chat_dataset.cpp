@@ -171,8 +171,10 @@ void ChatDocuments::pack_best_fit(int64_t row) {
   };
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t c = 0; c < n; ++c) order[static_cast<size_t>(c)] = c;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return fill(a) > fill(b); });
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) {  // longest first, then file order
+              return fill(a) != fill(b) ? fill(a) > fill(b) : a < b;
+            });
   std::multimap<int64_t, size_t> room;  // room left -> row
   std::vector<std::vector<int64_t>> rows;
   int64_t used = 0;
