@@ -1,6 +1,7 @@
 #include "titan/data/text_corpus.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,8 +36,23 @@ struct FileIndex {
   Format format = kText;
   uint64_t file_size = 0;
   int64_t mtime_ns = 0;
-  std::vector<uint64_t> offset;  // of each document's bytes (uncompressed, for gzip)
-  std::vector<uint32_t> length;
+  // Each document's first byte (uncompressed, for gzip) and length: in `built` while indexing,
+  // then in the saved index file, memory-mapped (`mapped`), so that the ranks of a host share it.
+  std::vector<uint64_t> built_offset;
+  std::vector<uint32_t> built_length;
+  std::shared_ptr<const void> mapped;
+  const uint64_t* offset = nullptr;
+  const uint32_t* length = nullptr;
+  size_t count = 0;
+  FileIndex() = default;
+  FileIndex(FileIndex&&) = default;  // the views stay valid: a moved vector keeps its buffer
+  FileIndex& operator=(FileIndex&&) = default;
+  FileIndex(const FileIndex&) = delete;
+  void use_built() {
+    offset = built_offset.data();
+    length = built_length.data();
+    count = built_offset.size();
+  }
   std::vector<std::string> held;  // a .json file holding one array: its documents, in memory
   std::shared_ptr<GzipIndex> gzip;
   SourceStats stats;
@@ -120,8 +136,8 @@ void push_document(FileIndex* f, uint64_t offset, uint64_t length) {
   check(length <= UINT32_MAX, f->path + ": a document of " + std::to_string(length) +
                                   " bytes at byte " + std::to_string(offset) +
                                   "; documents are limited to 4 GiB");
-  f->offset.push_back(offset);
-  f->length.push_back(static_cast<uint32_t>(length));
+  f->built_offset.push_back(offset);
+  f->built_length.push_back(static_cast<uint32_t>(length));
 }
 
 // One pass over a file's bytes (inflated when gzip), recording its documents.
@@ -183,7 +199,8 @@ void scan_file(const SourceOptions& o, FileIndex* f) {
   }
   lines.finish(on_line);
   if (f->format == kFortunes && record_used) push_document(f, record, lines.size() - record);
-  st->documents = static_cast<int64_t>(f->offset.size());
+  f->use_built();
+  st->documents = static_cast<int64_t>(f->count);
 }
 
 // --- the index file ---------------------------------------------------------------------------
@@ -199,50 +216,48 @@ class Out {
     s += v;
   }
   template <class T>
-  void vec(const std::vector<T>& v) {
-    s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  void vec(const T* v, size_t n) {
+    s.append(reinterpret_cast<const char*>(v), n * sizeof(T));
   }
+  void align8() { s.append((8 - s.size() % 8) % 8, '\0'); }
   std::string s;
 };
 
+// Reads the fields of a mapped index file, each checked to lie inside it.
 class In {
  public:
-  explicit In(std::string data) : s_(std::move(data)) {}
+  In(const char* data, size_t size, size_t at) : p_(data), n_(size), at_(at) {}
   template <class T>
   T get() {
     need(sizeof(T));
     T v;
-    std::memcpy(&v, s_.data() + at_, sizeof v);
+    std::memcpy(&v, p_ + at_, sizeof v);
     at_ += sizeof v;
     return v;
   }
   std::string str() {
     const uint32_t n = get<uint32_t>();
-    need(n);
-    std::string v = s_.substr(at_, n);
-    at_ += n;
-    return v;
+    return std::string(take(n), n);
   }
+  // n values of T in place (the file keeps them 8-byte aligned).
   template <class T>
-  std::vector<T> vec(uint64_t n) {
-    check(n <= (s_.size() - at_) / sizeof(T), "it ends early");
-    std::vector<T> v(static_cast<size_t>(n));
-    std::memcpy(v.data(), s_.data() + at_, v.size() * sizeof(T));
-    at_ += v.size() * sizeof(T);
-    return v;
+  const T* array(uint64_t n) {
+    check(n <= (n_ - at_) / sizeof(T), "it ends early");
+    return reinterpret_cast<const T*>(take(n * sizeof(T)));
   }
-  std::string bytes(uint64_t n) {
+  const char* take(uint64_t n) {
     need(n);
-    std::string v = s_.substr(at_, static_cast<size_t>(n));
+    const char* v = p_ + at_;
     at_ += static_cast<size_t>(n);
     return v;
   }
-  bool done() const { return at_ == s_.size(); }
+  void align8() { take((8 - at_ % 8) % 8); }
+  bool done() const { return at_ == n_; }
 
  private:
-  void need(uint64_t n) const { check(n <= s_.size() - at_, "it ends early"); }
-  std::string s_;
-  size_t at_ = 0;
+  void need(uint64_t n) const { check(n <= n_ - at_, "it ends early"); }
+  const char* p_;
+  size_t n_, at_;
 };
 
 std::string index_path(const std::string& dir, const std::string& file) {
@@ -270,7 +285,7 @@ SourceStats get_stats(In* r) {
 
 // The header fields that must match for a saved index to be used.
 void put_key(Out* w, const FileIndex& f, const SourceOptions& o) {
-  w->vec(std::vector<char>(kMagic, kMagic + 8));
+  w->vec(kMagic, 8);
   w->put(kVersion);
   w->put(static_cast<uint32_t>(f.format));
   w->put(f.file_size);
@@ -283,9 +298,11 @@ void save_index(const std::string& path, const FileIndex& f, const SourceOptions
   Out w;
   put_key(&w, f, o);
   put_stats(&w, f.stats);
-  w.put(static_cast<uint64_t>(f.offset.size()));
-  w.vec(f.offset);
-  w.vec(f.length);
+  w.align8();
+  w.put(static_cast<uint64_t>(f.count));
+  w.vec(f.offset, f.count);
+  w.vec(f.length, f.count);
+  w.align8();
   if (f.gzip) {
     w.put(f.gzip->size);
     w.put(static_cast<uint64_t>(f.gzip->points.size()));
@@ -302,25 +319,39 @@ void save_index(const std::string& path, const FileIndex& f, const SourceOptions
 // Reads a saved index into *f (whose path, format, size and time are set); false with *why when
 // it was made for another file or options, or is damaged.
 bool load_index(const std::string& path, const SourceOptions& o, FileIndex* f, std::string* why) {
-  std::string data;
+  std::shared_ptr<const void> map;
+  size_t size = 0;
   try {
-    data = read_bytes(path, SIZE_MAX);
+    io::check_input_file(path, "dataset index");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    check(fd >= 0, "cannot open it: " + io::errno_message(errno));
+    struct stat sb {};
+    const bool ok = ::fstat(fd, &sb) == 0;
+    size = ok ? static_cast<size_t>(sb.st_size) : 0;
+    void* p = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    ::close(fd);
+    check(p != MAP_FAILED, "it is empty or cannot be mapped");
+    map = std::shared_ptr<const void>(
+        p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
   } catch (const Error& e) {
     *why = e.what();
     return false;
   }
+  const char* data = static_cast<const char*>(map.get());
   Out key;
   put_key(&key, *f, o);
-  if (data.compare(0, key.s.size(), key.s) != 0) {
+  if (size < key.s.size() || std::memcmp(data, key.s.data(), key.s.size()) != 0) {
     *why = "it was made for another version of the file or other dataloader options";
     return false;
   }
   try {
-    In r(data.substr(key.s.size()));
+    In r(data, size, key.s.size());
     SourceStats st = get_stats(&r);
+    r.align8();
     const uint64_t n = r.get<uint64_t>();
-    std::vector<uint64_t> offset = r.vec<uint64_t>(n);
-    std::vector<uint32_t> length = r.vec<uint32_t>(n);
+    const uint64_t* offset = r.array<uint64_t>(n);
+    const uint32_t* length = r.array<uint32_t>(n);
+    r.align8();
     std::shared_ptr<GzipIndex> gz;
     uint64_t limit = f->file_size;
     if (is_gzip_name(f->path)) {
@@ -338,15 +369,21 @@ bool load_index(const std::string& path, const SourceOptions& o, FileIndex* f, s
               "its access points are out of range");
         gz->points.push_back(p);
       }
-      gz->windows = r.bytes(m * GzipIndex::kWindow);
+      gz->windows.assign(r.take(m * GzipIndex::kWindow), m * GzipIndex::kWindow);
     }
     check(r.done(), "it has bytes past its end");
     check(st.documents == static_cast<int64_t>(n), "its document count disagrees");
     for (uint64_t i = 0; i < n; ++i)
       check(offset[i] <= limit && length[i] <= limit - offset[i],
             "a document lies outside the file");
-    f->offset = std::move(offset);
-    f->length = std::move(length);
+    f->built_offset.clear();
+    f->built_offset.shrink_to_fit();
+    f->built_length.clear();
+    f->built_length.shrink_to_fit();
+    f->offset = offset;
+    f->length = length;
+    f->count = static_cast<size_t>(n);
+    f->mapped = std::move(map);
     f->gzip = std::move(gz);
     f->stats = st;
     return true;
@@ -365,7 +402,7 @@ class IndexedCorpus final : public TextCorpus {
     starts_.push_back(0);
     for (const auto& f : files_)
       starts_.push_back(starts_.back() +
-                        static_cast<int64_t>(f.held.empty() ? f.offset.size() : f.held.size()));
+                        static_cast<int64_t>(f.held.empty() ? f.count : f.held.size()));
   }
   ~IndexedCorpus() override {
     if (fd_ >= 0) ::close(fd_);
@@ -504,6 +541,7 @@ std::shared_ptr<const TextCorpus> open_text_corpus(const SourceOptions& o,
           std::error_code ec;
           fs::create_directories(index_dir, ec);
           save_index(saved, f, o);
+          load_index(saved, o, &f, &why);  // read it mapped from now on, as a later run would
         } catch (const Error& e) {
           log::warn(o.section + ": the index of " + file + " was not saved (" + e.what() +
                     "); the next run indexes it again");

@@ -2,20 +2,22 @@
 // file (text_source.h's formats; gzip-compressed files, .gz, inflated as they are read) records
 // where each document is, and a document's text is read back when the loader asks for it (pread
 // on plain files; from the nearest access point on gzip files, gzip_file.h). Only the offsets
-// stay in memory: 12 bytes a document, plus 32 KiB per 4 MiB of gzip text on disk.
+// stay in memory: 12 bytes a document, plus 32 KiB per 4 MiB of gzip text.
 //
 // The index of a file can be kept in a folder (index_dir; the trainer uses DUMP_FOLDER/
-// dataset_index) as FILENAME.HASH.idx, HASH naming the file's absolute path. A saved index is
-// used when it was made for the same file size and modification time and the same reading
-// options (format, text field, skip_malformed); otherwise, or when it is unreadable, it is
-// made again and replaced (written to a temporary name, then renamed).
+// dataset_index) as FILENAME.HASH.idx, HASH naming the file's absolute path, and is then read
+// memory-mapped (the ranks of a host share its pages). A saved index is used when it was made
+// for the same file size and modification time and the same reading options (format, text
+// field, skip_malformed); otherwise, or when it is damaged, it is made again and replaced
+// (written to a temporary name, then renamed). An index that cannot be saved is a warning.
 //
 // Index file format, little-endian: magic "TITANIDX", u32 version 1, u32 format (0 text,
 // 1 fortunes, 2 jsonl), u64 file size, i64 modification time (ns), u8 skip_malformed, string
 // text_field, the file's SourceStats (5 × i64: documents, empty, malformed, missing_field,
-// utf8_replaced; 3 strings: first_malformed, first_missing, first_utf8), u64 n, n × u64 offset,
-// n × u32 length, then for gzip files u64 uncompressed size, u64 m, m × (u64 in, u64 out,
-// i32 bits), m × 32768 window bytes. A string is u32 length + bytes.
+// utf8_replaced; 3 strings: first_malformed, first_missing, first_utf8), zeros to a multiple of
+// 8 bytes, u64 n, n × u64 offset, n × u32 length, zeros to a multiple of 8, then for gzip files
+// u64 uncompressed size, u64 m, m × (u64 in, u64 out, i32 bits), m × 32768 window bytes. A
+// string is u32 length + bytes.
 #pragma once
 #include <cstdint>
 #include <memory>
