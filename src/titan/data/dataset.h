@@ -99,6 +99,7 @@ class MixedDocuments final : public DocumentSet {
   // Which source document i of the mix comes from, and which of its documents.
   int64_t source_of(int64_t i) const { return source_[static_cast<size_t>(i)]; }
   int64_t document_of(int64_t i) const { return local_[static_cast<size_t>(i)]; }
+  const std::vector<std::shared_ptr<const DocumentSet>>& sources() const { return sources_; }
 
  private:
   std::vector<std::shared_ptr<const DocumentSet>> sources_;

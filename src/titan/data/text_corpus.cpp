@@ -123,11 +123,10 @@ std::string where(const std::string& file, int64_t line) {
 // replaced, or empty when it is valid.
 std::string replace_invalid(std::string_view line, const std::string& file, int64_t lineno,
                             SourceStats* st) {
-  const std::string s(line);
-  if (find_invalid_utf8(s) == std::string::npos) return {};
+  if (find_invalid_utf8(line) == std::string::npos) return {};
   if (st->utf8_replaced == 0) st->first_utf8 = where(file, lineno);
   int64_t n = 0;
-  std::string r = HfTokenizer::sanitize_utf8(s, &n);
+  std::string r = HfTokenizer::sanitize_utf8(line, &n);
   st->utf8_replaced += n;
   return r;
 }
@@ -145,7 +144,7 @@ void scan_file(const SourceOptions& o, FileIndex* f) {
   SourceStats* st = &f->stats;
   st->files = 1;
   LineSplitter lines;
-  std::string cur;  // a line with invalid UTF-8 replaced
+  std::string doc;  // a JSON line's document (only its presence is recorded)
   uint64_t record = 0;
   bool record_used = false;  // the fortunes record holds a non-blank line
   const auto on_line = [&](std::string_view line, uint64_t at, int64_t lineno) {
@@ -164,9 +163,8 @@ void scan_file(const SourceOptions& o, FileIndex* f) {
         break;
       case kJsonl: {
         if (is_blank(line)) break;
-        cur = replace_invalid(line, f->path, lineno, st);
-        const std::string text = cur.empty() ? std::string(line) : cur;
-        std::string doc;
+        std::string text = replace_invalid(line, f->path, lineno, st);
+        if (text.empty()) text = line;
         parse_json_line(
             text, f->path, lineno, o, st,
             [&](const nlohmann::json& j, const std::string& w, const std::string& what) {

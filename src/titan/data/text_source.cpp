@@ -17,7 +17,7 @@
 namespace titan::data {
 namespace fs = std::filesystem;
 
-size_t find_invalid_utf8(const std::string& s) {
+size_t find_invalid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
   size_t i = 0;

@@ -91,7 +91,7 @@ std::string describe_problems(const SourceStats& s, const std::string& text_fiel
 std::vector<std::string> load_documents(const std::string& source, const std::string& path);
 
 // Byte offset of the first invalid UTF-8 sequence, or npos when valid.
-size_t find_invalid_utf8(const std::string& s);
+size_t find_invalid_utf8(std::string_view s);
 
 // Pieces of reading shared with text_corpus.h.
 // Whether s holds only spaces, tabs and line ends (a blank document, skipped).

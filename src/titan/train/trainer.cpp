@@ -296,7 +296,15 @@ void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   if (rank0()) dist::world().barrier();
   check_vocab_fits(*dataset, vocab);
   const auto* chat = dynamic_cast<const data::ChatDocuments*>(dataset.get());
-  text_data_ = dynamic_cast<const data::TextDocuments*>(dataset.get()) != nullptr || chat;
+  // Whether dataloader.tokenizer made the ids (not token shards alone): then a resume checks it.
+  const auto tokenized = [](const data::DocumentSet* d) {
+    return dynamic_cast<const data::TokenDocuments*>(d) == nullptr;
+  };
+  text_data_ = tokenized(dataset.get());
+  if (const auto* mix = dynamic_cast<const data::MixedDocuments*>(dataset.get())) {
+    text_data_ = false;
+    for (const auto& s : mix->sources()) text_data_ = text_data_ || tokenized(s.get());
+  }
   if (cfg_.validator.enable) {
     data::DatasetSpec vs = validator_spec(cfg_);
     vs.index_dir = index_dir;
