@@ -5,7 +5,10 @@
 // Routing is uniform: each token picks K distinct experts at random. Counters: grouped and
 // dense milliseconds per forward + backward (means), ratio_grouped_over_dense of the means and
 // ratio_best of the best iterations, and TFLOP/s (18·T·K·D·F FLOPs per iteration). The
-// iteration time is the grouped one.
+// iteration time is the grouped one. The *_bf16 rows run the op under dtype bfloat16 (bf16
+// GEMM operands, fp32 accumulation) against the dense chain in bf16, and add the bf16 GEMM
+// roofline measured in the same run (oneDNN bf16 matmul on 2048³) and the grouped op's share of
+// it (grouped_of_roofline: means; grouped_best_of_roofline: best iteration).
 //
 // BM_expert_gemms/*: the per-expert GEMMs alone for one random routing, through gemm_rows (M / K
 // as oneDNN runtime dimensions, one primitive per layout), through gemm with the exact row count
@@ -65,11 +68,15 @@ struct ExpertsData {
   }
 };
 
-// The dense chain on N = T·K rows with one expert's weights (same FLOPs as the grouped op).
+// The dense chain on N = T·K rows with one expert's weights (same FLOPs as the grouped op). In
+// bf16 every GEMM takes bf16 operands (the activations rounded in the run, as the op does; the
+// weights' bf16 copies made once) with fp32 accumulation.
 struct Dense {
   int64_t N, D, F;
+  bool bf16;
   Buffer<float> xp, h, g, yp, dyp, dg, dh, dxp, w1, w3, w2, dw1, dw3, dw2;
-  Dense(int64_t n, int64_t d, int64_t f) : N(n), D(d), F(f) {
+  Buffer<uint16_t> xpb, gb, dypb, dhb, w1b, w3b, w2b;
+  Dense(int64_t n, int64_t d, int64_t f, bool b) : N(n), D(d), F(f), bf16(b) {
     xp.resize(N * D), h.resize(N * 2 * F), g.resize(N * F), yp.resize(N * D), dyp.resize(N * D);
     dg.resize(N * F), dh.resize(N * 2 * F), dxp.resize(N * D);
     w1.resize(F * D), w3.resize(F * D), w2.resize(D * F);
@@ -77,29 +84,77 @@ struct Dense {
     std::mt19937 r(1);
     fill(xp, r, -1.f, 1.f), fill(dyp, r, -1.f, 1.f);
     fill(w1, r, -0.05f, 0.05f), fill(w3, r, -0.05f, 0.05f), fill(w2, r, -0.05f, 0.05f);
+    if (bf16) {
+      xpb.resize(N * D), gb.resize(N * F), dypb.resize(N * D), dhb.resize(N * 2 * F);
+      w1b.resize(F * D), w3b.resize(F * D), w2b.resize(D * F);
+      titan::ops::to_bf16(w1.data(), F * D, w1b.data());
+      titan::ops::to_bf16(w3.data(), F * D, w3b.data());
+      titan::ops::to_bf16(w2.data(), D * F, w2b.data());
+    }
+  }
+  // C = op(A)·op(B) on the fp32 operands, or on their bf16 copies.
+  void mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const uint16_t* ab,
+          int64_t lda, const float* b, const uint16_t* bb, int64_t ldb, float* c, int64_t ldc,
+          bool acc) {
+    if (bf16)
+      titan::ops::gemm_bf16(ta, tb, m, n, k, ab, lda, bb, ldb, c, ldc, acc);
+    else
+      titan::ops::gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, acc);
+  }
+  void round(const Buffer<float>& x, Buffer<uint16_t>& y) {
+    if (bf16) titan::ops::to_bf16(x.data(), x.size(), y.data());
   }
   void run() {
-    using titan::ops::gemm;
-    gemm(false, true, N, F, D, xp.data(), D, w1.data(), D, h.data(), 2 * F, false);
-    gemm(false, true, N, F, D, xp.data(), D, w3.data(), D, h.data() + F, 2 * F, false);
+    round(xp, xpb);
+    mm(false, true, N, F, D, xp.data(), xpb.data(), D, w1.data(), w1b.data(), D, h.data(), 2 * F,
+       false);
+    mm(false, true, N, F, D, xp.data(), xpb.data(), D, w3.data(), w3b.data(), D, h.data() + F,
+       2 * F, false);
     titan::ops::swiglu_fwd(h.data(), g.data(), N, F);
-    gemm(false, true, N, D, F, g.data(), F, w2.data(), F, yp.data(), D, false);
-    gemm(false, false, N, F, D, dyp.data(), D, w2.data(), F, dg.data(), F, false);
-    gemm(true, false, D, F, N, dyp.data(), D, g.data(), F, dw2.data(), F, true);
+    round(g, gb);
+    mm(false, true, N, D, F, g.data(), gb.data(), F, w2.data(), w2b.data(), F, yp.data(), D, false);
+    round(dyp, dypb);
+    mm(false, false, N, F, D, dyp.data(), dypb.data(), D, w2.data(), w2b.data(), F, dg.data(), F,
+       false);
+    mm(true, false, D, F, N, dyp.data(), dypb.data(), D, g.data(), gb.data(), F, dw2.data(), F,
+       true);
     titan::ops::swiglu_bwd(dg.data(), h.data(), dh.data(), N, F);
-    gemm(false, false, N, D, F, dh.data(), 2 * F, w1.data(), D, dxp.data(), D, false);
-    gemm(false, false, N, D, F, dh.data() + F, 2 * F, w3.data(), D, dxp.data(), D, true);
-    gemm(true, false, F, D, N, dh.data(), 2 * F, xp.data(), D, dw1.data(), D, true);
-    gemm(true, false, F, D, N, dh.data() + F, 2 * F, xp.data(), D, dw3.data(), D, true);
+    round(dh, dhb);
+    const uint16_t* dh3 = bf16 ? dhb.data() + F : nullptr;
+    mm(false, false, N, D, F, dh.data(), dhb.data(), 2 * F, w1.data(), w1b.data(), D, dxp.data(), D,
+       false);
+    mm(false, false, N, D, F, dh.data() + F, dh3, 2 * F, w3.data(), w3b.data(), D, dxp.data(), D,
+       true);
+    mm(true, false, F, D, N, dh.data(), dhb.data(), 2 * F, xp.data(), xpb.data(), D, dw1.data(), D,
+       true);
+    mm(true, false, F, D, N, dh.data() + F, dh3, 2 * F, xp.data(), xpb.data(), D, dw3.data(), D,
+       true);
   }
 };
 
-void BM_experts(benchmark::State& state, ExpertsShape s) {
-  const titan::ops::GroupedExpertsOp op = titan::ops::grouped_experts_op();
+// The bf16 GEMM roofline of this run: oneDNN's bf16 matmul on 2048³ (ops::gemm_probe_flops_bf16),
+// measured once, before the first bf16 benchmark.
+double bf16_roofline() {
+  static const double flops = titan::ops::gemm_probe_flops_bf16();
+  return flops;
+}
+
+void BM_experts(benchmark::State& state, ExpertsShape s, bool bf16) {
+  const titan::ops::GroupedExpertsOp op =
+      bf16 ? titan::ops::grouped_experts_bf16_op() : titan::ops::grouped_experts_op();
+  const double roofline = bf16 ? bf16_roofline() : 0.0;
   ExpertsData d(s, op);
-  Dense dense(s.T * s.K, s.D, s.F);
+  Dense dense(s.T * s.K, s.D, s.F, bf16);
   titan::ops::ExpertsArgs a{s,           d.x.data(),  d.idx.data(),   d.w.data(),      d.w1.data(),
                             d.w3.data(), d.w2.data(), d.saved.data(), d.scratch.data()};
+  Buffer<uint16_t> w1b, w3b, w2b;
+  if (bf16) {
+    w1b.resize(d.w1.size()), w3b.resize(d.w3.size()), w2b.resize(d.w2.size());
+    titan::ops::to_bf16(d.w1.data(), d.w1.size(), w1b.data());
+    titan::ops::to_bf16(d.w3.data(), d.w3.size(), w3b.data());
+    titan::ops::to_bf16(d.w2.data(), d.w2.size(), w2b.data());
+    a.w1_bf16 = w1b.data(), a.w3_bf16 = w3b.data(), a.w2_bf16 = w2b.data();
+  }
   titan::ops::ExpertsGrads gr{d.dy.data(),  d.dx.data(),  d.dw.data(),
                               d.dw1.data(), d.dw3.data(), d.dw2.data()};
   op.forward(a, d.y.data());  // warm-up: primitives, page faults
@@ -127,6 +182,11 @@ void BM_experts(benchmark::State& state, ExpertsShape s) {
   state.counters["ratio_best"] = grouped_min / dense_min;
   state.counters["grouped_TFLOP/s"] = flops * it / grouped_s / 1e12;
   state.counters["dense_TFLOP/s"] = flops * it / dense_s / 1e12;
+  if (bf16) {
+    state.counters["roofline_TFLOP/s"] = roofline / 1e12;
+    state.counters["grouped_of_roofline"] = flops * it / grouped_s / roofline;
+    state.counters["grouped_best_of_roofline"] = flops / grouped_min / roofline;
+  }
 }
 
 enum class RowsMode { kRuntimeDims, kExactShapes, kBucket16 };
@@ -187,11 +247,19 @@ void BM_expert_gemms(benchmark::State& state, ExpertsShape s, RowsMode mode) {
 const ExpertsShape kDebugMoe{1024, 256, 768, 64, 8};
 const ExpertsShape k30B{2048, 2048, 768, 64, 4};
 
-BENCHMARK_CAPTURE(BM_experts, debugmodel_moe, kDebugMoe)
+BENCHMARK_CAPTURE(BM_experts, debugmodel_moe, kDebugMoe, false)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(10)
     ->UseManualTime();
-BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048, k30B)
+BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048, k30B, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_experts, debugmodel_moe_bf16, kDebugMoe, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048_bf16, k30B, true)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseManualTime();

@@ -20,6 +20,7 @@
 // in double and only rounds its outputs (~6e-8). Weights are scaled by 1/sqrt(fan-in) so that
 // activations are O(1) at every size.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -302,6 +303,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"all_tokens_one_expert", {40, 16, 12, 6, 1}, Routing::kSameSet},
                       Case{"all_tokens_same_set", {9, 8, 8, 5, 4}, Routing::kSameSet},
                       Case{"wide", {64, 64, 48, 16, 4}, Routing::kRandom},
+                      // 1,100 rows on each of two experts: each split into 3 work items
+                      Case{"hot_experts_split", {1100, 40, 36, 4, 2}, Routing::kSameSet},
                       Case{"T0", {0, 8, 8, 4, 2}, Routing::kRandom}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
@@ -323,6 +326,28 @@ TEST(ExpertsOpTest, GroupedIsDeterministic) {
   EXPECT_TRUE(same(a.dw1, b.dw1));
   EXPECT_TRUE(same(a.dw3, b.dw3));
   EXPECT_TRUE(same(a.dw2, b.dw2));
+}
+
+// The GEMMs run as work items spread over the threads; the items depend on the routing alone, so
+// the results are bitwise the same on one thread as on all (a hot expert split into items too).
+TEST(ExpertsOpTest, GroupedDoesNotDependOnThreadCount) {
+  const int threads = omp_get_max_threads();
+  for (const Routing r : {Routing::kRandom, Routing::kSameSet}) {
+    const Problem p = make_problem({1100, 24, 20, 6, 2}, r, 8);
+    for (const auto& op : {grouped_experts_op(), grouped_experts_bf16_op()}) {
+      SCOPED_TRACE(op.name + " " + op.dtype);
+      const Outputs a = run_op(op, p);
+      omp_set_num_threads(1);
+      const Outputs b = run_op(op, p);
+      omp_set_num_threads(threads);
+      EXPECT_EQ(a.y, b.y);
+      EXPECT_EQ(a.dx, b.dx);
+      EXPECT_EQ(a.dw, b.dw);
+      EXPECT_EQ(a.dw1, b.dw1);
+      EXPECT_EQ(a.dw3, b.dw3);
+      EXPECT_EQ(a.dw2, b.dw2);
+    }
+  }
 }
 
 // dw1, dw3, dw2 are accumulated (+=) onto what they held; dx and dw are written (run_op starts
@@ -395,9 +420,15 @@ TEST(ExpertsOpTest, RejectsOutOfRangeExpertIds) {
 
 // The number of tokens per expert changes with every routing; the grouped op's GEMMs must not
 // create a primitive per count (gemm_rows keeps M and K as runtime dimensions).
+// The op runs its GEMMs on every thread, each thread with its own primitive cache: on one thread
+// the cache holds one primitive per layout whatever the routing; on all threads, at most that
+// many per thread.
 TEST(ExpertsOpTest, GemmCacheBoundedAcrossRoutings) {
   const ExpertsShape s{40, 24, 16, 8, 2};
   const GroupedExpertsOp op = grouped_experts_op();
+  const int threads = omp_get_max_threads();
+  const int64_t before = gemm_cache_size();
+  omp_set_num_threads(1);
   run_op(op, make_problem(s, Routing::kRandom, 100));
   const int64_t cached = gemm_cache_size();
   for (uint32_t seed = 101; seed < 112; ++seed) {
@@ -411,6 +442,9 @@ TEST(ExpertsOpTest, GemmCacheBoundedAcrossRoutings) {
   small.T = 7;
   run_op(op, make_problem(small, Routing::kRandom, 120));
   EXPECT_EQ(gemm_cache_size(), cached);
+  omp_set_num_threads(threads);
+  for (uint32_t seed = 130; seed < 136; ++seed) run_op(op, make_problem(s, Routing::kRandom, seed));
+  EXPECT_LE(gemm_cache_size() - before, (cached - before) * threads);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 // stored). op(X) = X, or Xᵀ when trans_x: a transposed operand is read through strides, never
 // copied. One primitive (with its memory objects and a user-managed scratchpad) is created per
 // distinct (shape, layout, accumulate) and cached, so steady-state calls create nothing.
-// Not thread-safe: call from the driving thread; oneDNN parallelizes inside.
+// Called from the driving thread, oneDNN parallelizes inside. Each thread has its own cache, so
+// the threads of an OpenMP parallel region may each run their own products at once; oneDNN does
+// not nest, so each such product runs on its calling thread alone (the grouped experts do this).
 //
 // Exception: a product of at most 4 rows with a transposed B (a linear layer's forward for one
 // token per sequence: generation's decode) is memory bound, and oneDNN 2.6 reads B at about half
@@ -83,7 +85,8 @@ bool bf16_gemm_native();
 // "bf16->f32 convert + " followed by the fp32 name. Log-worthy at startup.
 std::string gemm_isa(bool bf16);
 
-// Number of cached primitives, of gemm and gemm_rows together (for tests and diagnostics).
+// Number of cached primitives, of gemm and gemm_rows together, over all threads (for tests and
+// diagnostics).
 int64_t gemm_cache_size();
 
 }  // namespace titan::ops

@@ -12,8 +12,14 @@
 //   g[N,F]     g = silu(h[:, :F]) ⊙ h[:, F:]            (ops::swiglu_fwd)
 //   yp[N,D]    yp_e = g_e·W2[e]ᵀ
 //   y[t]       Σ_j w[t,j]·yp[pos(t,j)], summed in slot order j = 0..K-1 (no atomics)
-// Every product is one ops::gemm_rows call per expert and projection (M or K = n_e is a oneDNN
-// runtime dimension, so the primitive cache stays bounded whatever the routing). The forward
+// Every product is an ops::gemm_rows call per expert and projection (M or K = n_e is a oneDNN
+// runtime dimension, so the primitive cache stays bounded whatever the routing). The GEMMs of a
+// pass are split into work items, each run whole on one thread (one OpenMP loop over the items,
+// largest first; oneDNN does not nest, so each item's GEMM is single-threaded): expert e's rows
+// in ceil(n_e / 512) equal blocks, or for a weight gradient the same number of blocks of its
+// output rows. The split is by work (tokens × experts), so one hot expert spreads over all
+// threads, and it depends on the routing alone, not on the thread count: so do the results. The
+// forward
 // saves h and the permutation; the backward regathers xp and recomputes g from h (both cheap).
 // The backward uses dw[t,j] = dy[t]·yp[pos] = (W2ᵀ·dy[t])·g[pos], so yp need not be saved:
 //   du[N,D]    du[pos(t,j)] = dy[t]          (unweighted)
@@ -139,6 +145,7 @@ Bf16Parts bf16_parts(const ExpertsShape& s, float* scratch) {
 void expert_gemm(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a,
                  const uint16_t* ab, int64_t lda, const float* b, const uint16_t* bb, int64_t ldb,
                  float* c, int64_t ldc, bool acc) {
+  if (M == 0) return;  // an empty block of a split expert
   if (bf16)
     gemm_rows_bf16(ta, tb, M, N, K, ab, lda, bb, ldb, c, ldc, acc);
   else
@@ -148,6 +155,56 @@ void expert_gemm(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, c
 template <typename T>
 T* at(T* p, int64_t i) {
   return p ? p + i : nullptr;
+}
+
+// ---- Work items: expert e's part `part` of `parts` (see the file comment).
+constexpr int64_t kRowsPerItem = 512;
+
+struct Item {
+  int32_t e, part, parts;
+  int64_t rows;  // the expert's routed rows / parts: the item's share of the work
+};
+
+// The items of the experts with tokens, largest first (ties: expert, then part), so the dynamic
+// schedule below ends with the small ones.
+std::vector<Item> work_items(const ExpertsShape& s, const int32_t* off) {
+  std::vector<Item> items;
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int64_t n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    const int64_t parts = (n + kRowsPerItem - 1) / kRowsPerItem;
+    for (int64_t p = 0; p < parts; ++p)
+      items.push_back({static_cast<int32_t>(e), static_cast<int32_t>(p),
+                       static_cast<int32_t>(parts), n / parts});
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    if (a.rows != b.rows) return a.rows > b.rows;
+    return a.e != b.e ? a.e < b.e : a.part < b.part;
+  });
+  return items;
+}
+
+// Block `part` of `parts` of [0, len): [begin, end), the boundaries multiples of 16 but the last.
+struct Range {
+  int64_t begin, end;
+};
+Range block(int64_t len, const Item& it) {
+  auto edge = [&](int64_t p) { return p == it.parts ? len : len * p / it.parts / 16 * 16; };
+  return {edge(it.part), edge(it.part + 1)};
+}
+
+// The item's rows of the permuted buffers, inside expert e's [off[e], off[e+1]).
+Range item_rows(const Item& it, const int32_t* off) {
+  const Range r = block(off[it.e + 1] - off[it.e], it);
+  return {off[it.e] + r.begin, off[it.e] + r.end};
+}
+
+// fn(item) for every item, each on one thread.
+template <typename Fn>
+void for_items(const std::vector<Item>& items, Fn&& fn) {
+  const int64_t n = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) fn(items[i]);
 }
 
 // Counting sort of the (t, j) pairs by expert, stable in token order: off[E+1] (exclusive
@@ -183,22 +240,23 @@ void grouped_forward_any(const ExpertsArgs& a, float* y, bool bf16) {
   const Bf16Parts b = bf16 ? bf16_parts(s, a.scratch) : Bf16Parts{};
   scatter_rows(s, sv.pos, a.x, xp);
   if (bf16) to_bf16(xp, N * D, b.xp);
-  for (int64_t e = 0; e < s.E; ++e) {
-    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
-    if (n == 0) continue;
+  const std::vector<Item> items = work_items(s, sv.off);
+  for_items(items, [&](const Item& it) {
+    const Range r = item_rows(it, sv.off);
+    const int64_t e = it.e, o = r.begin, n = r.end - r.begin;
     expert_gemm(bf16, false, true, n, F, D, xp + o * D, at(b.xp, o * D), D, a.w1 + e * F * D,
                 at(a.w1_bf16, e * F * D), D, sv.h + o * 2 * F, 2 * F, false);
     expert_gemm(bf16, false, true, n, F, D, xp + o * D, at(b.xp, o * D), D, a.w3 + e * F * D,
                 at(a.w3_bf16, e * F * D), D, sv.h + o * 2 * F + F, 2 * F, false);
-  }
+  });
   swiglu_fwd(sv.h, g, N, F);
   if (bf16) to_bf16(g, N * F, b.g);
-  for (int64_t e = 0; e < s.E; ++e) {
-    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
-    if (n == 0) continue;
+  for_items(items, [&](const Item& it) {
+    const Range r = item_rows(it, sv.off);
+    const int64_t e = it.e, o = r.begin, n = r.end - r.begin;
     expert_gemm(bf16, false, true, n, D, F, g + o * F, at(b.g, o * F), F, a.w2 + e * D * F,
                 at(a.w2_bf16, e * D * F), F, yp + o * D, D, false);
-  }
+  });
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t) {
     float* yt = y + t * D;
@@ -224,12 +282,13 @@ void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf1
   scatter_rows(s, sv.pos, gr.dy, du);
   if (bf16) to_bf16(du, N * D, b.du);
   swiglu_fwd(sv.h, g, N, F);
-  for (int64_t e = 0; e < s.E; ++e) {
-    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
-    if (n == 0) continue;
+  const std::vector<Item> items = work_items(s, sv.off);
+  for_items(items, [&](const Item& it) {
+    const Range r = item_rows(it, sv.off);
+    const int64_t e = it.e, o = r.begin, n = r.end - r.begin;
     expert_gemm(bf16, false, false, n, F, D, du + o * D, at(b.du, o * D), D, a.w2 + e * D * F,
                 at(a.w2_bf16, e * D * F), F, dg + o * F, F, false);
-  }
+  });
   // dw[t,j] = dy[t]·yp[pos] = (dy[t]·W2[e])·g[pos]; then weight the rows of dg and g.
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t)
@@ -241,35 +300,43 @@ void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf1
       row_scale_inplace(g + p * F, wt, F);
     }
   if (bf16) to_bf16(g, N * F, b.g);
-  for (int64_t e = 0; e < s.E; ++e) {
-    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
-    if (n == 0 || !gr.dw2) continue;  // dw2 null: frozen experts
-    expert_gemm(bf16, true, false, D, F, n, du + o * D, at(b.du, o * D), D, g + o * F,
-                at(b.g, o * F), F, gr.dw2 + e * D * F, F, true);
-  }
+  // dW2[e] += du_eᵀ·gw_e, the item's block of dW2's D rows (all of the expert's tokens).
+  if (gr.dw2)  // null: frozen experts
+    for_items(items, [&](const Item& it) {
+      const int64_t e = it.e, o = sv.off[e], n = sv.off[e + 1] - o;
+      const Range d = block(D, it);
+      expert_gemm(bf16, true, false, d.end - d.begin, F, n, du + o * D + d.begin,
+                  at(b.du, o * D + d.begin), D, g + o * F, at(b.g, o * F), F,
+                  gr.dw2 + (e * D + d.begin) * F, F, true);
+    });
   swiglu_bwd(dg, sv.h, dh, N, F);
   if (bf16) {
     to_bf16(dh, N * 2 * F, b.dh);
     to_bf16(xp, N * D, b.xp);
   }
   float* dxp = du;
-  for (int64_t e = 0; e < s.E; ++e) {
-    const int64_t o = sv.off[e], n = sv.off[e + 1] - o;
-    if (n == 0) continue;
-    // ∂/∂(W1·x) in columns [0,F) of dh, ∂/∂(W3·x) at + F
+  // ∂/∂(W1·x) in columns [0,F) of dh, ∂/∂(W3·x) at + F. Each item: its rows of dxp, and its
+  // block of the F rows of dW1[e] and dW3[e] (all of the expert's tokens).
+  for_items(items, [&](const Item& it) {
+    const Range r = item_rows(it, sv.off);
+    const int64_t e = it.e, o = r.begin, n = r.end - r.begin;
     const float* dha = dh + o * 2 * F;
     const uint16_t* dhb = at(b.dh, o * 2 * F);
-    const uint16_t* xpb = at(b.xp, o * D);
     expert_gemm(bf16, false, false, n, D, F, dha, dhb, 2 * F, a.w1 + e * F * D,
                 at(a.w1_bf16, e * F * D), D, dxp + o * D, D, false);
     expert_gemm(bf16, false, false, n, D, F, dha + F, at(dhb, F), 2 * F, a.w3 + e * F * D,
                 at(a.w3_bf16, e * F * D), D, dxp + o * D, D, true);
-    if (!gr.dw1) continue;  // frozen experts
-    expert_gemm(bf16, true, false, F, D, n, dha, dhb, 2 * F, xp + o * D, xpb, D, gr.dw1 + e * F * D,
-                D, true);
-    expert_gemm(bf16, true, false, F, D, n, dha + F, at(dhb, F), 2 * F, xp + o * D, xpb, D,
-                gr.dw3 + e * F * D, D, true);
-  }
+    if (!gr.dw1) return;  // frozen experts
+    const int64_t oe = sv.off[e], ne = sv.off[e + 1] - oe;
+    const Range f = block(F, it);
+    const float* dhe = dh + oe * 2 * F + f.begin;
+    const uint16_t* dheb = at(b.dh, oe * 2 * F + f.begin);
+    const uint16_t* xpb = at(b.xp, oe * D);
+    expert_gemm(bf16, true, false, f.end - f.begin, D, ne, dhe, dheb, 2 * F, xp + oe * D, xpb, D,
+                gr.dw1 + (e * F + f.begin) * D, D, true);
+    expert_gemm(bf16, true, false, f.end - f.begin, D, ne, dhe + F, at(dheb, F), 2 * F, xp + oe * D,
+                xpb, D, gr.dw3 + (e * F + f.begin) * D, D, true);
+  });
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t) {
     float* dxt = gr.dx + t * D;

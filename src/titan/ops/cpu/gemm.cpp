@@ -1,6 +1,7 @@
 #include "titan/ops/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <map>
@@ -40,7 +41,14 @@ struct RowsEntry {
   Buffer<uint8_t> scratch_buf;
 };
 
+// Primitives cached by all threads together (gemm_cache_size).
+std::atomic<int64_t> g_cached{0};
+
 struct Context {
+  Context() = default;
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  ~Context() { g_cached -= static_cast<int64_t>(cache.size() + rows_cache.size()); }
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, std::unique_ptr<Entry>> cache;
@@ -50,8 +58,10 @@ struct Context {
   int bf16_native = -1;  // -1: not yet probed; 0: converting path; 1: oneDNN bf16 primitives
 };
 
+// One per thread (see gemm.h): the primitives' scratchpads and memory objects must not be shared
+// by products that run at once.
 Context& ctx() {
-  static Context c;
+  static thread_local Context c;
   return c;
 }
 
@@ -112,6 +122,7 @@ Entry& lookup(const Key& key) {
              {DNNL_ARG_SCRATCHPAD, e->scratch}};
   Entry& ref = *e;
   c.cache.emplace(key, std::move(e));
+  ++g_cached;
   return ref;
 }
 
@@ -132,6 +143,7 @@ RowsEntry& lookup_rows(const RowsKey& key) {
   e->scratch = memory(pd.scratchpad_desc(), c.engine, e->scratch_buf.data());
   RowsEntry& ref = *e;
   c.rows_cache.emplace(key, std::move(e));
+  ++g_cached;
   return ref;
 }
 
@@ -353,9 +365,7 @@ std::string gemm_isa(bool bf16) {
   return make_pd(Key{false, false, n, n, n, n, n, n, false, bf16}).impl_info_str();
 }
 
-int64_t gemm_cache_size() {
-  return static_cast<int64_t>(ctx().cache.size() + ctx().rows_cache.size());
-}
+int64_t gemm_cache_size() { return g_cached.load(); }
 
 }  // namespace titan::ops
 
