@@ -2,8 +2,9 @@
 // the same FLOPs: the three projections of a single F-wide SwiGLU MLP on all T·K routed rows
 // (forward h = x·[W1;W3]ᵀ, g = swiglu(h), y = g·W2ᵀ; backward dg, dW2, swiglu_bwd, dx, dW1, dW3),
 // i.e. what the experts would cost if routing cost nothing and every GEMM were one large one.
-// Routing is uniform: each token picks K distinct experts at random. Counters: grouped and
-// dense milliseconds per forward + backward (means), ratio_grouped_over_dense of the means and
+// Routing is uniform: each token picks K distinct experts at random; the *_skewed row sends half
+// the tokens to expert 0 (max_expert_rows and mean_expert_rows state the load). Counters: grouped
+// and dense milliseconds per forward + backward (means), ratio_grouped_over_dense of the means and
 // ratio_best of the best iterations, and TFLOP/s (18·T·K·D·F FLOPs per iteration). The
 // iteration time is the grouped one. The *_bf16 rows run the op under dtype bfloat16 (bf16
 // GEMM operands, fp32 accumulation) against the dense chain in bf16, and add the bf16 GEMM
@@ -50,12 +51,27 @@ std::vector<int32_t> uniform_routing(const ExpertsShape& s, std::mt19937& g) {
   return idx;
 }
 
+// Skewed routing: as uniform_routing, but half the tokens (the even ones) send their first slot
+// to expert 0, so expert 0 holds T/2 + about T·(K-1)/(2E) of the T·K routed rows.
+std::vector<int32_t> skewed_routing(const ExpertsShape& s, std::mt19937& g) {
+  std::vector<int32_t> idx = uniform_routing(s, g);
+  for (int64_t t = 0; t < s.T; t += 2) {
+    int32_t* row = idx.data() + t * s.K;
+    int32_t* zero = std::find(row, row + s.K, 0);
+    if (zero != row + s.K)
+      std::swap(*zero, row[0]);  // expert 0 already among the K: move it first
+    else
+      row[0] = 0;  // otherwise it replaces the first choice (the K stay distinct)
+  }
+  return idx;
+}
+
 struct ExpertsData {
   ExpertsShape s;
   Buffer<float> x, w, w1, w3, w2, y, dy, dx, dw, dw1, dw3, dw2, saved, scratch;
   std::vector<int32_t> idx;
 
-  explicit ExpertsData(const ExpertsShape& sh, const titan::ops::GroupedExpertsOp& op) : s(sh) {
+  ExpertsData(const ExpertsShape& sh, const titan::ops::GroupedExpertsOp& op, bool skewed) : s(sh) {
     std::mt19937 g(0);
     const int64_t T = s.T, D = s.D, F = s.F, E = s.E, K = s.K;
     x.resize(T * D), w.resize(T * K), y.resize(T * D), dy.resize(T * D), dx.resize(T * D);
@@ -64,7 +80,7 @@ struct ExpertsData {
     saved.resize(op.saved_floats(s)), scratch.resize(op.scratch_floats(s));
     fill(x, g, -1.f, 1.f), fill(dy, g, -1.f, 1.f), fill(w, g, 0.f, 1.f);
     fill(w1, g, -0.05f, 0.05f), fill(w3, g, -0.05f, 0.05f), fill(w2, g, -0.05f, 0.05f);
-    idx = uniform_routing(s, g);
+    idx = skewed ? skewed_routing(s, g) : uniform_routing(s, g);
   }
 };
 
@@ -139,11 +155,11 @@ double bf16_roofline() {
   return flops;
 }
 
-void BM_experts(benchmark::State& state, ExpertsShape s, bool bf16) {
+void BM_experts(benchmark::State& state, ExpertsShape s, bool bf16, bool skewed) {
   const titan::ops::GroupedExpertsOp op =
       bf16 ? titan::ops::grouped_experts_bf16_op() : titan::ops::grouped_experts_op();
   const double roofline = bf16 ? bf16_roofline() : 0.0;
-  ExpertsData d(s, op);
+  ExpertsData d(s, op, skewed);
   Dense dense(s.T * s.K, s.D, s.F, bf16);
   titan::ops::ExpertsArgs a{s,           d.x.data(),  d.idx.data(),   d.w.data(),      d.w1.data(),
                             d.w3.data(), d.w2.data(), d.saved.data(), d.scratch.data()};
@@ -182,6 +198,11 @@ void BM_experts(benchmark::State& state, ExpertsShape s, bool bf16) {
   state.counters["ratio_best"] = grouped_min / dense_min;
   state.counters["grouped_TFLOP/s"] = flops * it / grouped_s / 1e12;
   state.counters["dense_TFLOP/s"] = flops * it / dense_s / 1e12;
+  std::vector<int64_t> rows(s.E, 0);
+  for (int32_t e : d.idx) ++rows[e];
+  state.counters["max_expert_rows"] =
+      static_cast<double>(*std::max_element(rows.begin(), rows.end()));
+  state.counters["mean_expert_rows"] = static_cast<double>(s.T * s.K) / static_cast<double>(s.E);
   if (bf16) {
     state.counters["roofline_TFLOP/s"] = roofline / 1e12;
     state.counters["grouped_of_roofline"] = flops * it / grouped_s / roofline;
@@ -247,19 +268,23 @@ void BM_expert_gemms(benchmark::State& state, ExpertsShape s, RowsMode mode) {
 const ExpertsShape kDebugMoe{1024, 256, 768, 64, 8};
 const ExpertsShape k30B{2048, 2048, 768, 64, 4};
 
-BENCHMARK_CAPTURE(BM_experts, debugmodel_moe, kDebugMoe, false)
+BENCHMARK_CAPTURE(BM_experts, debugmodel_moe, kDebugMoe, false, false)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(10)
     ->UseManualTime();
-BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048, k30B, false)
+BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048, k30B, false, false)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseManualTime();
-BENCHMARK_CAPTURE(BM_experts, debugmodel_moe_bf16, kDebugMoe, true)
+BENCHMARK_CAPTURE(BM_experts, debugmodel_moe_bf16, kDebugMoe, true, false)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(10)
     ->UseManualTime();
-BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048_bf16, k30B, true)
+BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048_bf16, k30B, true, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_experts, qwen3_30b_a3b_T2048_bf16_skewed, k30B, true, true)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseManualTime();
