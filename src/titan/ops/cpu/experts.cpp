@@ -32,7 +32,8 @@
 //   dx[t]      Σ_j dxp[pos(t,j)] in slot order.
 //
 // The bf16 op ("grouped_experts" under dtype bfloat16) runs the same steps with each GEMM's
-// activation operand (xp, g, du, gw, dh) rounded to bf16 and the bf16 weight copies.
+// activation operand (xp, g, du, gw, dh) rounded to bf16 and the bf16 weight copies; xp and du
+// are gathered straight into bf16 (their fp32 copies are never needed).
 //
 // "grouped_experts_reference": per (token, slot) the expert MLP in double, no oneDNN; for tests
 // and titan check-kernel.
@@ -218,12 +219,19 @@ void route(const ExpertsShape& s, const int32_t* idx, int32_t* off, int32_t* pos
   for (int64_t i = 0; i < N; ++i) pos[i] = cursor[idx[i]]++;
 }
 
-// xp[pos(t,j)] = x[t] for all pairs (each row written once: parallel over tokens).
-void scatter_rows(const ExpertsShape& s, const int32_t* pos, const float* x, float* xp) {
+// xp[pos(t,j)] = x[t] for all pairs (each row written once: parallel over tokens); or, when xpb
+// is given (the bf16 op), only its bf16 rounding xpb[pos(t,j)] = bf16(x[t]), and xp is not written.
+void scatter_rows(const ExpertsShape& s, const int32_t* pos, const float* x, float* xp,
+                  uint16_t* xpb) {
   const int64_t D = s.D, K = s.K;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s.T; ++t)
-    for (int64_t j = 0; j < K; ++j) std::copy_n(x + t * D, D, xp + pos[t * K + j] * D);
+    for (int64_t j = 0; j < K; ++j) {
+      if (xpb)
+        to_bf16(x + t * D, D, xpb + pos[t * K + j] * D);
+      else
+        std::copy_n(x + t * D, D, xp + pos[t * K + j] * D);
+    }
 }
 
 void grouped_forward_any(const ExpertsArgs& a, float* y, bool bf16) {
@@ -238,8 +246,7 @@ void grouped_forward_any(const ExpertsArgs& a, float* y, bool bf16) {
   float* yp = xp + round16(N * D);
   float* g = yp + round16(N * D);
   const Bf16Parts b = bf16 ? bf16_parts(s, a.scratch) : Bf16Parts{};
-  scatter_rows(s, sv.pos, a.x, xp);
-  if (bf16) to_bf16(xp, N * D, b.xp);
+  scatter_rows(s, sv.pos, a.x, xp, b.xp);
   const std::vector<Item> items = work_items(s, sv.off);
   for_items(items, [&](const Item& it) {
     const Range r = item_rows(it, sv.off);
@@ -278,9 +285,8 @@ void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf1
   float* dg = g + round16(N * F);
   float* dh = dg + round16(N * F);
   const Bf16Parts b = bf16 ? bf16_parts(s, a.scratch) : Bf16Parts{};
-  scatter_rows(s, sv.pos, a.x, xp);
-  scatter_rows(s, sv.pos, gr.dy, du);
-  if (bf16) to_bf16(du, N * D, b.du);
+  scatter_rows(s, sv.pos, a.x, xp, b.xp);
+  scatter_rows(s, sv.pos, gr.dy, du, b.du);
   swiglu_fwd(sv.h, g, N, F);
   const std::vector<Item> items = work_items(s, sv.off);
   for_items(items, [&](const Item& it) {
@@ -310,10 +316,7 @@ void grouped_backward_any(const ExpertsArgs& a, const ExpertsGrads& gr, bool bf1
                   gr.dw2 + (e * D + d.begin) * F, F, true);
     });
   swiglu_bwd(dg, sv.h, dh, N, F);
-  if (bf16) {
-    to_bf16(dh, N * 2 * F, b.dh);
-    to_bf16(xp, N * D, b.xp);
-  }
+  if (bf16) to_bf16(dh, N * 2 * F, b.dh);
   float* dxp = du;
   // ∂/∂(W1·x) in columns [0,F) of dh, ∂/∂(W3·x) at + F. Each item: its rows of dxp, and its
   // block of the F rows of dW1[e] and dW3[e] (all of the expert's tokens).
