@@ -479,6 +479,34 @@ TEST(HfTokenizer, RefusesUnsupportedTokenizers) {
   EXPECT_NE(load_error(dir.path()).find("invalid JSON"), std::string::npos);
 }
 
+// tokenizer_config.json's added_tokens_decoder: an entry that is not a token (no string content,
+// not an object) or a key that is not an id is refused naming the file and the entry, as
+// Transformers refuses it; a bad flag names the flag.
+TEST(HfTokenizer, MalformedAddedTokensDecoderIsRefused) {
+  TempDir dir;
+  dir.write("tokenizer.json", tiny_json().dump());
+  const json good = json::parse(slurp(asset("tokenizers/tiny-bpe-2k/tokenizer_config.json")));
+  const json token = {{"content", "<x>"}, {"special", true}};
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"1998", "<|image|>"}}, "added_tokens_decoder[\"1998\"]: expected an object"},
+      {{{"1998", {{"special", true}}}}, "added_tokens_decoder[\"1998\"]: expected an object"},
+      {{{"1998", {{"content", 7}}}}, "with a string \"content\""},
+      {{{"x1", token}}, "added_tokens_decoder[\"x1\"]: the key must be a token id"},
+      {{{"-3", token}}, "added_tokens_decoder[\"-3\"]: the key must be a token id"},
+      {{{"99999999999", token}}, "the key must be a token id"},
+      {{{"1998", {{"content", "<x>"}, {"lstrip", "no"}}}},
+       "added_tokens_decoder[\"1998\"].lstrip: expected a boolean"},
+  };
+  for (const auto& [decoder, want] : cases) {
+    json c = good;
+    c["added_tokens_decoder"] = decoder;
+    dir.write("tokenizer_config.json", c.dump());
+    const std::string msg = load_error(dir.path());
+    EXPECT_NE(msg.find(want), std::string::npos) << decoder.dump() << " -> " << msg;
+    EXPECT_NE(msg.find((dir.path() / "tokenizer_config.json").string()), std::string::npos) << msg;
+  }
+}
+
 // A vocabulary id of 2e9 sized the decoder tables by it: std::bad_alloc (an internal error).
 TEST(HfTokenizer, AbsurdIdIsRefusedBeforeAllocating) {
   TempDir dir;

@@ -349,9 +349,17 @@ void HfTokenizer::Impl::apply_tokenizer_config(const fs::path& config_path) {
   if (c.contains("added_tokens_decoder")) {
     const ojson& d = c["added_tokens_decoder"];
     if (!d.is_object()) throw Error(file + ": added_tokens_decoder: expected an object");
+    // Transformers refuses these too (int(id) and AddedToken(**entry) raise).
     for (const auto& [id, v] : d.items()) {
-      if (!v.is_object() || !v.contains("content") || !v["content"].is_string()) continue;
-      tokens.push_back(flags_of(v, v["content"].get<std::string>(), "added_tokens_decoder." + id));
+      const std::string where = "added_tokens_decoder[\"" + id + "\"]";
+      const bool id_ok =
+          !id.empty() && id.size() <= 9 && id.find_first_not_of("0123456789") == std::string::npos;
+      if (!id_ok)
+        throw Error(file + ": " + where + ": the key must be a token id (a non-negative integer)");
+      if (!v.is_object() || !v.contains("content") || !v["content"].is_string())
+        throw Error(file + ": " + where +
+                    ": expected an object with a string \"content\" (the token's text)");
+      tokens.push_back(flags_of(v, v["content"].get<std::string>(), where));
     }
   }
   add_tokens(tokens);
