@@ -4,10 +4,12 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 
 #include "oneapi/dnnl/dnnl.hpp"
@@ -55,6 +57,7 @@ struct Context {
   std::map<RowsKey, std::unique_ptr<RowsEntry>> rows_cache;
   // gemm_bf16's converting path: fp32 copies of the bf16 operands, grown to the largest seen.
   Buffer<float> conv_a, conv_b;
+  Buffer<float> gemv_a;  // gemv's bf16 rows of A, widened
   int bf16_native = -1;  // -1: not yet probed; 0: converting path; 1: oneDNN bf16 primitives
 };
 
@@ -187,23 +190,46 @@ namespace {
 // stream it) and keeps the M rows of A in cache. Each dot product sums exact fp32 products (bf16
 // values widened) in 16 fp32 lanes in a fixed order: the result does not depend on threads.
 constexpr int64_t kGemvRows = 4;
+
+// 16 fp32 lanes as a GCC vector: one zmm register in the AVX-512 clone, two ymm in the AVX2 one.
+// Written with vectors because the compiler vectorized the multi-row loops poorly (a 2-row bf16
+// product ran at a third of the 1-row one's speed per row).
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+// (Out-parameters, not return values: a vector return changes the ABI between the clones.)
+__attribute__((always_inline)) inline void load16(const float* p, v16f& v) {
+  std::memcpy(&v, p, sizeof v);
+}
+__attribute__((always_inline)) inline void load16(const uint16_t* p, v16f& v) {  // bf16, widened
+  v16h h;
+  std::memcpy(&h, p, sizeof h);
+  const v16u u = __builtin_convertvector(h, v16u) << 16;
+  std::memcpy(&v, &u, sizeof v);
+}
 inline float to_f32(float x) { return x; }
 inline float to_f32(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
 
+// out[m] = Σ_k a[m·lda + k]·b[k] for m < M: lane j of row m sums the products k ≡ j (mod 16) of
+// the whole 16-blocks in order; then the tail, then the 16 lanes in order. Each row's result is
+// the same whatever M.
 template <int M, typename T>
-__attribute__((always_inline)) inline void dot_rows_body(const T* a, int64_t lda, const T* b,
+__attribute__((always_inline)) inline void dot_rows_body(const float* a, int64_t lda, const T* b,
                                                          int64_t K, float* out) {
-  float acc[M][16] = {};
+  v16f acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = v16f{};
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    float bk[16];
-    for (int j = 0; j < 16; ++j) bk[j] = to_f32(b[k + j]);
-    for (int m = 0; m < M; ++m)
-      for (int j = 0; j < 16; ++j) acc[m][j] += to_f32(a[m * lda + k + j]) * bk[j];
+    v16f bk, am;
+    load16(b + k, bk);
+    for (int m = 0; m < M; ++m) {
+      load16(a + m * lda + k, am);
+      acc[m] += am * bk;
+    }
   }
   for (int m = 0; m < M; ++m) {
     float s = 0.f;
-    for (int64_t i = k; i < K; ++i) s += to_f32(a[m * lda + i]) * to_f32(b[i]);
+    for (int64_t i = k; i < K; ++i) s += a[m * lda + i] * to_f32(b[i]);
     for (int j = 0; j < 16; ++j) s += acc[m][j];
     out[m] = s;
   }
@@ -211,9 +237,9 @@ __attribute__((always_inline)) inline void dot_rows_body(const T* a, int64_t lda
 
 // One CPU-dispatched function per row count and type (clang's target_clones takes no templates);
 // each inlines the body above for its clone's instruction set.
-#define TITAN_DOT_ROWS(M, T)                                                                   \
-  TITAN_CLONES void dot_rows_##M(const T* a, int64_t lda, const T* b, int64_t K, float* out) { \
-    dot_rows_body<M>(a, lda, b, K, out);                                                       \
+#define TITAN_DOT_ROWS(M, T)                                                                       \
+  TITAN_CLONES void dot_rows_##M(const float* a, int64_t lda, const T* b, int64_t K, float* out) { \
+    dot_rows_body<M>(a, lda, b, K, out);                                                           \
   }
 TITAN_DOT_ROWS(1, float)
 TITAN_DOT_ROWS(2, float)
@@ -225,9 +251,22 @@ TITAN_DOT_ROWS(3, uint16_t)
 TITAN_DOT_ROWS(4, uint16_t)
 #undef TITAN_DOT_ROWS
 
+// A (M ≤ 4 rows of activations) is used in fp32: bf16 rows are widened once per call (exact)
+// into the calling thread's buffer, so the inner loop converts only B.
 template <typename T>
-void gemv(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+void gemv(int64_t M, int64_t N, int64_t K, const T* A_in, int64_t lda_in, const T* B, int64_t ldb,
           float* C, int64_t ldc, bool accumulate) {
+  const float* A;
+  int64_t lda = lda_in;
+  if constexpr (std::is_same_v<T, float>) {
+    A = A_in;
+  } else {
+    Buffer<float>& wide = ctx().gemv_a;
+    if (wide.size() < M * K) wide.resize(M * K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) wide[m * K + k] = to_f32(A_in[m * lda_in + k]);
+    A = wide.data(), lda = K;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float r[kGemvRows];
