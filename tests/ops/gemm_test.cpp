@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "reference_util.h"
+#include "titan/core/dtype.h"
 
 namespace titan::ops {
 namespace {
@@ -149,9 +150,14 @@ TEST(LinearTest, ForwardAndBackwardMatchReference) {
 // transpose combination, both accumulate modes and many (M, K) pairs through the same fixed N and
 // leading dimensions: after the first pass over the layouts no call creates a primitive, however
 // M and K change. K = 0 zeroes C (overwrite) or leaves it (accumulate). Tolerance as above.
-TEST(GemmRowsTest, MatchesReferenceForChangingRowCountsWithBoundedCache) {
+enum class RowsKind { kFp32, kBf16, kBf16Converting };
+
+// The test below for gemm_rows, gemm_rows_bf16 and its converting fallback (in bf16 the operands
+// are bf16 values, so the products are exact and the same tolerance holds).
+void check_gemm_rows(RowsKind kind) {
   const int64_t N = 19, ld = 131;  // ld >= every M, N, K below, so one layout serves them all
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const bool bf16 = kind != RowsKind::kFp32;
   std::mt19937 g(15);
   const std::vector<int64_t> Ms = {1, 2, 7, 33, 100, 128}, Ks = {0, 1, 5, 64, 127};
   int64_t cached = -1;
@@ -164,13 +170,25 @@ TEST(GemmRowsTest, MatchesReferenceForChangingRowCountsWithBoundedCache) {
           std::vector<float> A(128 * ld, nan), B(128 * ld, nan), C(128 * ld, 4242.f);
           auto ra = uniform(M * K, g, -1.f, 1.f), rb = uniform(K * N, g, -1.f, 1.f);
           auto rc = uniform(M * N, g, -2.f, 2.f);
+          if (bf16) {
+            for (float& v : ra) v = round_to_bf16(v);
+            for (float& v : rb) v = round_to_bf16(v);
+          }
           for (int64_t i = 0; i < M; ++i)
             for (int64_t k = 0; k < K; ++k) (ta ? A[k * ld + i] : A[i * ld + k]) = ra[i * K + k];
           for (int64_t k = 0; k < K; ++k)
             for (int64_t j = 0; j < N; ++j) (tb ? B[j * ld + k] : B[k * ld + j]) = rb[k * N + j];
           for (int64_t i = 0; i < M; ++i)
             for (int64_t j = 0; j < N; ++j) C[i * ld + j] = rc[i * N + j];
-          gemm_rows(ta, tb, M, N, K, A.data(), ld, B.data(), ld, C.data(), ld, acc);
+          if (!bf16) {
+            gemm_rows(ta, tb, M, N, K, A.data(), ld, B.data(), ld, C.data(), ld, acc);
+          } else {
+            std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+            f32_to(DType::BF16, A.data(), std::ssize(A), Ab.data());
+            f32_to(DType::BF16, B.data(), std::ssize(B), Bb.data());
+            (kind == RowsKind::kBf16 ? gemm_rows_bf16 : gemm_rows_bf16_converting)(
+                ta, tb, M, N, K, Ab.data(), ld, Bb.data(), ld, C.data(), ld, acc);
+          }
           int bad = 0;
           for (int64_t i = 0; i < M; ++i) {
             for (int64_t j = 0; j < N; ++j) {
@@ -190,8 +208,19 @@ TEST(GemmRowsTest, MatchesReferenceForChangingRowCountsWithBoundedCache) {
         }
     }
     if (pass == 0) cached = gemm_cache_size();
-    EXPECT_EQ(gemm_cache_size(), cached) << "gemm_rows created a primitive in pass " << pass;
+    EXPECT_EQ(gemm_cache_size(), cached) << "created a primitive in pass " << pass;
   }
+}
+
+TEST(GemmRowsTest, MatchesReferenceForChangingRowCountsWithBoundedCache) {
+  check_gemm_rows(RowsKind::kFp32);
+}
+TEST(GemmRowsTest, Bf16MatchesReferenceForChangingRowCountsWithBoundedCache) {
+  check_gemm_rows(RowsKind::kBf16);
+}
+// The fallback of CPUs without bf16 instructions, on every CPU.
+TEST(GemmRowsTest, Bf16ConvertingMatchesReferenceForChangingRowCountsWithBoundedCache) {
+  check_gemm_rows(RowsKind::kBf16Converting);
 }
 
 }  // namespace

@@ -62,6 +62,12 @@ void gemm_bf16_converting(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
 void gemm_rows_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                     int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
                     bool accumulate);
+// Its fallback, callable directly (tests run it on every CPU): the stored rows of op(A) and op(B)
+// widened to fp32 with their leading dimensions kept, then gemm_rows, so the primitive cache stays
+// bounded however M and K change (as gemm_rows').
+void gemm_rows_bf16_converting(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                               float* C, int64_t ldc, bool accumulate);
 
 // Mixed-precision linear layer (torch.autocast's bf16 Linear, fp32 output): the fp32 input x is
 // rounded to bf16 (nearest even, ops::to_bf16) into scratch[M·in], w[out,in] is the bf16 compute

@@ -313,6 +313,14 @@ const float* widen(Buffer<float>& buf, const uint16_t* X, int64_t rows, int64_t 
   for (int64_t r = 0; r < rows; ++r) to_f32(DType::BF16, X + r * ld, cols, buf.data() + r * cols);
   return buf.data();
 }
+// widen, keeping the stored leading dimension (only the cols of each row written), so that the
+// fp32 product's strides, and so gemm_rows' primitive key, do not change with M or K.
+const float* widen_keep_ld(Buffer<float>& buf, const uint16_t* X, int64_t rows, int64_t cols,
+                           int64_t ld) {
+  if (buf.size() < (rows - 1) * ld + cols) buf.resize((rows - 1) * ld + cols);
+  for (int64_t r = 0; r < rows; ++r) to_f32(DType::BF16, X + r * ld, cols, buf.data() + r * ld);
+  return buf.data();
+}
 }  // namespace
 
 bool bf16_gemm_native() {
@@ -370,11 +378,23 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   ctx().stream.wait();
 }
 
+void gemm_rows_bf16_converting(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                               float* C, int64_t ldc, bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (K == 0)
+    return gemm_rows(trans_a, trans_b, M, N, 0, nullptr, lda, nullptr, ldb, C, ldc, accumulate);
+  Context& c = ctx();
+  const float* a = widen_keep_ld(c.conv_a, A, trans_a ? K : M, trans_a ? M : K, lda);
+  const float* b = widen_keep_ld(c.conv_b, B, trans_b ? N : K, trans_b ? K : N, ldb);
+  gemm_rows(trans_a, trans_b, M, N, K, a, lda, b, ldb, C, ldc, accumulate);
+}
+
 void gemm_rows_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                     int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
                     bool accumulate) {
   if (!bf16_gemm_native()) {
-    gemm_bf16_converting(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    gemm_rows_bf16_converting(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
     return;
   }
   gemm_rows_any(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, true);
