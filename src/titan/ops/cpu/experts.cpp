@@ -18,9 +18,9 @@
 // largest first; oneDNN does not nest, so each item's GEMM is single-threaded): expert e's rows
 // in ceil(n_e / 512) equal blocks, or for a weight gradient the same number of blocks of its
 // output rows. The split is by work (tokens × experts), so one hot expert spreads over all
-// threads, and it depends on the routing alone, not on the thread count: so do the results. The
-// forward
-// saves h and the permutation; the backward regathers xp and recomputes g from h (both cheap).
+// threads, and it depends on the routing alone, not on the thread count: so do the results.
+// The forward saves h and the permutation; the backward regathers xp and recomputes g from h
+// (both cheap).
 // The backward uses dw[t,j] = dy[t]·yp[pos] = (W2ᵀ·dy[t])·g[pos], so yp need not be saved:
 //   du[N,D]    du[pos(t,j)] = dy[t]          (unweighted)
 //   dgu_e      du_e·W2[e]                    dw[t,j] = dgu[pos]·g[pos]
@@ -40,8 +40,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <string>
 #include <vector>
@@ -200,12 +202,26 @@ Range item_rows(const Item& it, const int32_t* off) {
   return {off[it.e] + r.begin, off[it.e] + r.end};
 }
 
-// fn(item) for every item, each on one thread.
+// fn(item) for every item, each on one thread. An exception (a GEMM that cannot allocate, say)
+// must not leave the OpenMP region: the first is kept, the items not yet started are skipped,
+// and it is rethrown on the calling thread.
 template <typename Fn>
 void for_items(const std::vector<Item>& items, Fn&& fn) {
   const int64_t n = static_cast<int64_t>(items.size());
+  std::exception_ptr failed;
+  std::atomic<bool> stop{false};
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) fn(items[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    if (stop.load(std::memory_order_relaxed)) continue;
+    try {
+      fn(items[i]);
+    } catch (...) {
+#pragma omp critical(titan_experts_failed)
+      if (!failed) failed = std::current_exception();
+      stop = true;
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 // Counting sort of the (t, j) pairs by expert, stable in token order: off[E+1] (exclusive
