@@ -122,6 +122,16 @@ void SftConfig::visit(const FieldVisitor& f) {
     "chat data: a conversation longer than training.seq_len + 1 tokens: truncate or drop");
 }
 
+void DpoConfig::visit(const FieldVisitor& f) {
+  f("enable", &enable,
+    "train on preference pairs (prompt, chosen, rejected) with the DPO loss instead of the "
+    "next-token loss");
+  f("beta", &beta, "DPO: the temperature of the implicit reward (TRL's beta)");
+  f("loss_type", &loss_type, "DPO: sigmoid, ipo, hinge or robust (TRL's loss_type)");
+  f("label_smoothing", &label_smoothing,
+    "DPO robust loss: the assumed share of preference labels that are flipped, in [0, 0.5)");
+}
+
 void LossConfig::visit(const FieldVisitor& f) {
   f("num_chunks", &num_chunks, "lm_head + cross-entropy chunks");
 }
@@ -222,6 +232,7 @@ std::vector<Field> fields(JobConfig& c) {
   section("metrics", c.metrics);
   section("dataloader", c.dataloader);
   section("sft", c.sft);
+  section("dpo", c.dpo);
   section("loss", c.loss);
   section("parallelism", c.parallelism);
   section("activation_checkpoint", c.activation_checkpoint);
@@ -699,6 +710,15 @@ void validate(const JobConfig& c) {
   check(!c.dataloader.tokenizer.empty(),
         "dataloader.tokenizer is empty; use auto, byte or a tokenizer.json path");
   check(!c.dataloader.text_field.empty(), "dataloader.text_field must name a JSON field");
+  check(c.dpo.loss_type == "sigmoid" || c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge" ||
+            c.dpo.loss_type == "robust",
+        "dpo.loss_type '" + c.dpo.loss_type + "' must be sigmoid, ipo, hinge or robust");
+  check(std::isfinite(c.dpo.beta) && c.dpo.beta > 0,
+        "dpo.beta must be a positive number, got " + shortest(c.dpo.beta));
+  check(c.dpo.label_smoothing >= 0 && c.dpo.label_smoothing < 0.5,
+        "dpo.label_smoothing must be in [0, 0.5), got " + shortest(c.dpo.label_smoothing));
+  check(c.dpo.label_smoothing == 0 || c.dpo.loss_type == "robust",
+        "dpo.label_smoothing applies to loss_type robust only (TRL's sigmoid loss has none)");
   check(c.sft.truncation == "truncate" || c.sft.truncation == "drop",
         "sft.truncation '" + c.sft.truncation + "' must be truncate or drop");
   check(c.sft.packing_strategy == "bfd" || c.sft.packing_strategy == "wrapped",

@@ -124,6 +124,21 @@ struct SftConfig {
   void visit(const FieldVisitor& f);
 };
 
+// Preference tuning (TRL's DPOTrainer / DPOConfig names and defaults): with enable, the dataset's
+// records are preference pairs ({"prompt", "chosen", "rejected"}, conversational or plain) and
+// each step minimises the DPO loss of training.local_batch_size pairs per data-parallel rank
+// (microbatches: pairs) instead of the next-token loss. The reference model is the starting
+// weights: with LoRA the base with its adapters off; otherwise the reference log-probabilities of
+// every pair are computed once with the starting weights, before the first step, and kept in
+// DUMP_FOLDER/dpo_reference/ for a resume.
+struct DpoConfig {
+  bool enable = false;
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";  // sigmoid, ipo, hinge or robust
+  double label_smoothing = 0.0;       // robust: the assumed share of flipped labels, [0, 0.5)
+  void visit(const FieldVisitor& f);
+};
+
 // torchtitan's validator: every freq steps (and step 1), the loss over a separate dataset
 // (read once from the start, no shuffle; steps -1: all of it).
 struct ValidatorConfig {
@@ -238,6 +253,7 @@ struct JobConfig {
   MetricsConfig metrics;
   DataLoaderConfig dataloader;
   SftConfig sft;
+  DpoConfig dpo;
   LossConfig loss;
   ActivationCheckpointConfig activation_checkpoint;
   ParallelismConfig parallelism;

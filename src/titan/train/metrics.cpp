@@ -38,7 +38,13 @@ std::string format_console(const StepMetrics& m, bool color) {
                 red, static_cast<long long>(m.step), green, m.loss, orange, m.grad_norm, turquoise,
                 m.memory_gib, m.memory_pct, blue, with_commas(std::llround(m.tps)).c_str(), cyan,
                 m.tflops, magenta, m.mfu, reset);
-  return buf;
+  std::string line = buf;
+  for (const auto& [name, v] : m.objective)
+    if (name == "rewards/accuracies" || name == "rewards/margins") {
+      std::snprintf(buf, sizeof buf, "  %s: %.4f", name.c_str(), v);
+      line += buf;
+    }
+  return line;
 }
 
 std::string format_jsonl(const StepMetrics& m) {
@@ -55,6 +61,7 @@ std::string format_jsonl(const StepMetrics& m) {
                       {"data_loading_time_s", m.data_loading_time},
                       {"n_tokens_seen", m.n_tokens_seen}};
   if (std::isfinite(m.aux_loss)) j["aux_loss"] = m.aux_loss;
+  for (const auto& [name, v] : m.objective) j[name] = v;
   if (!m.expert_load.empty()) {
     j["expert_load"] = nlohmann::json::array();
     for (const auto& e : m.expert_load)
@@ -170,6 +177,7 @@ void MetricsWriter::log(const StepMetrics& m) {
       {"memory/max_reserved(%)", m.memory_pct},
       {"n_tokens_seen", static_cast<double>(m.n_tokens_seen)}};
   if (std::isfinite(m.aux_loss)) s.push_back({"moe/aux_loss", m.aux_loss});
+  s.insert(s.end(), m.objective.begin(), m.objective.end());
   for (const auto& e : m.expert_load) {
     s.push_back({"moe/layer_" + std::to_string(e.layer) + "/min_tokens", e.min});
     s.push_back({"moe/layer_" + std::to_string(e.layer) + "/max_tokens", e.max});

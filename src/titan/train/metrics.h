@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "titan/core/file_io.h"
@@ -27,6 +28,9 @@ struct StepMetrics {
     double min = 0, max = 0;
   };
   std::vector<ExpertLoad> expert_load;
+  // The objective's own metrics under their usual names (DPO: TRL's rewards/… and logps/…):
+  // console (rewards/accuracies and rewards/margins), JSONL and TensorBoard.
+  std::vector<std::pair<std::string, double>> objective;
 };
 
 // "step:  1  loss:  7.62461  grad_norm:  1.2345  memory:  0.52GiB(2.17%)  tps: 1,234  tflops: 0.12

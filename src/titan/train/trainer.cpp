@@ -18,6 +18,7 @@
 #include "titan/data/dataset.h"
 #include "titan/dist/device_group.h"
 #include "titan/dist/nccl/nccl_group.h"
+#include "titan/models/lora.h"
 #include "titan/models/registry.h"
 #include "titan/ops/backend.h"
 #include "titan/ops/device.h"
@@ -147,6 +148,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
     tokens_seen_ = st->tokens_seen;
     if (!st->finished) resume_data(*st);
   }
+  if (cfg_.dpo.enable) dpo_reference();
   first_step_ = step_;
   const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
   input_.resize(step_tokens);
@@ -282,6 +284,30 @@ models::BuildOptions Trainer::build_options() const {
 // the loader of this rank's batches.
 void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
   const auto& t = cfg_.training;
+  if (cfg_.dpo.enable) {  // preference pairs (data/preference.h), not a stream of rows
+    const data::DatasetSpec spec = dataloader_spec(cfg_);
+    const auto tok = data::make_tokenizer(spec.tokenizer);
+    data::PreferenceStats st;
+    pairs_ = data::read_preference_pairs(spec.source, *tok, t.seq_len + 1, &st);
+    text_data_ = true;
+    for (const auto& p : pairs_)
+      for (const auto* v : {&p.prompt, &p.chosen, &p.rejected})
+        for (int32_t id : *v)
+          check(id >= 0 && id < vocab, "the tokenizer " + spec.tokenizer + " made id " +
+                                           std::to_string(id) + " but model.vocab_size is " +
+                                           std::to_string(vocab));
+    if (rank0())
+      log::info("DPO: " + with_commas(static_cast<int64_t>(pairs_.size())) +
+                " preference pairs from " + data::source_path(spec.source) +
+                (st.too_long > 0 ? "; " + with_commas(st.too_long) +
+                                       " longer than training.seq_len + 1 tokens left out (first " +
+                                       st.first_too_long + ")"
+                                 : "") +
+                (st.bad_records > 0 ? "; " + with_commas(st.bad_records) +
+                                          " malformed records skipped (first " + st.first_bad + ")"
+                                    : ""));
+    return;
+  }
   // Text files are read in place through an index kept in the dump folder (text_corpus.h).
   const std::string index_dir = cfg_.dump_folder + "/dataset_index";
   data::DatasetSpec spec = dataloader_spec(cfg_);
@@ -583,8 +609,6 @@ void Trainer::export_sliced(const ckpt::TrainState& st, bool last) {
 }
 
 StepResult Trainer::step() {
-  const auto& t = cfg_.training;
-  const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   StepResult r;
   auto dp_sent = [this] {  // the gradients' and parameters' collectives (experts: efsdp's)
     return mesh_.fsdp->bytes_sent() + mesh_.replicate->bytes_sent() + mesh_.efsdp->bytes_sent() +
@@ -612,6 +636,29 @@ StepResult Trainer::step() {
   else if (!step_in_backward_)  // (each unit's gradient was given back after its update)
     model_->zero_grad();
 
+  if (cfg_.dpo.enable) {
+    dpo_microbatches(r);
+  } else {
+    text_microbatches(r);
+  }
+  reduce_and_update(r);
+  step_comm_bytes_ += dp_sent() - sent0;
+  ep_comm_bytes_ += ep_sent() - ep0;
+  tp_comm_bytes_ += tp_sent() - tp0;
+  if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
+  if (ep_buffers_) {
+    const parallel::DispatchSeconds t1 = parallel::dispatch_seconds(*ep_buffers_);
+    ep_seconds_.exchange += t1.exchange - ep_t0.exchange;
+    ep_seconds_.experts += t1.experts - ep_t0.experts;
+  }
+  return r;
+}
+
+// The next-token objective's part of a step: this rank's microbatches of the one global stream,
+// forward and backward, the loss and the MoE statistics summed over the data-parallel ranks.
+void Trainer::text_microbatches(StepResult& r) {
+  const auto& t = cfg_.training;
+  const int64_t mb_tokens = t.local_batch_size * t.seq_len;
   // Pull every microbatch first and count the valid tokens of the whole step. The step's global
   // batch is microbatches m = 0 .. grad_accum × dp − 1 of the one stream; data rank r trains
   // m = a·dp + r for a = 0 .. grad_accum − 1 and reads past the others' (so one process with
@@ -619,8 +666,8 @@ StepResult Trainer::step() {
   const double t0 = cpu::now_seconds();
   const int64_t dp = dims_.batch();
   for (int64_t a = 0; a < grad_accum_; ++a)
-    for (int64_t r = 0; r < dp; ++r) {
-      const bool mine = r == mesh_.batch_rank;
+    for (int64_t q = 0; q < dp; ++q) {
+      const bool mine = q == mesh_.batch_rank;
       if (!mine) skip_.resize(static_cast<size_t>(3 * mb_tokens));
       int32_t *in = mine ? input_.data() + a * mb_tokens : skip_.data(),
               *lab = mine ? labels_.data() + a * mb_tokens : skip_.data() + mb_tokens,
@@ -665,18 +712,87 @@ StepResult Trainer::step() {
                              *std::min_element(load.tokens->begin(), load.tokens->end()),
                              *std::max_element(load.tokens->begin(), load.tokens->end())});
   }
-  reduce_and_update(r);
-  step_comm_bytes_ += dp_sent() - sent0;
-  ep_comm_bytes_ += ep_sent() - ep0;
-  tp_comm_bytes_ += tp_sent() - tp0;
-  if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
-  if (ep_buffers_) {
-    const parallel::DispatchSeconds t1 = parallel::dispatch_seconds(*ep_buffers_);
-    ep_seconds_.exchange += t1.exchange - ep_t0.exchange;
-    ep_seconds_.experts += t1.experts - ep_t0.experts;
-  }
-  return r;
+  r.tokens = grad_accum_ * mb_tokens;
 }
+
+// The DPO objective's part of a step. The step's global batch is pairs k = 0 .. N − 1 (N =
+// grad_accum × local_batch_size × dp) of the pairs in file order, wrapping around at the end:
+// pair (step · N + k) mod P. Data rank q trains the pairs of microbatches m = a·dp + q, as the
+// next-token objective splits its rows, so every layout of the same global batch sees the same
+// pairs. The reference: the base without its adapters (LoRA), else the starting weights' saved
+// log-probabilities.
+void Trainer::dpo_microbatches(StepResult& r) {
+  const int64_t lbs = cfg_.training.local_batch_size, dp = dims_.batch();
+  const int64_t N = grad_accum_ * lbs * dp, P = static_cast<int64_t>(pairs_.size());
+  auto* lora = dynamic_cast<models::LoraModel*>(model_.get());
+  std::vector<data::PreferencePair> mine;
+  std::vector<PairLogps> ref;
+  for (int64_t k = 0; k < N; ++k) {
+    if ((k / lbs) % dp != mesh_.batch_rank) continue;
+    const int64_t i = (step_ * N + k) % P;
+    mine.push_back(pairs_[static_cast<size_t>(i)]);
+    if (lora) {
+      lora->set_adapters_enabled(false);
+      try {
+        ref.push_back(pair_logps(*model_, mine.back(), dpo_pad_to()));
+      } catch (...) {
+        lora->set_adapters_enabled(true);
+        throw;
+      }
+      lora->set_adapters_enabled(true);
+    } else {
+      ref.push_back(ref_logps_[static_cast<size_t>(i)]);
+    }
+  }
+  data_time_ = 0;
+  DpoSums s = dpo_forward_backward(*model_, cfg_.dpo, mine, ref, N, dpo_pad_to());
+  double sums[8] = {s.loss,   s.reward_chosen, s.reward_rejected, s.accurate,
+                    s.margin, s.logps_chosen,  s.logps_rejected,  static_cast<double>(s.tokens)};
+  r.tokens = s.tokens;
+  mesh_.batch->all_reduce(sums, 8);
+  s = DpoSums{sums[0], sums[1], sums[2],
+              sums[3], sums[4], sums[5],
+              sums[6], N,       static_cast<int64_t>(sums[7])};
+  r.loss = s.loss / static_cast<double>(N);
+  r.valid_tokens = s.tokens;
+  r.objective = s.metrics();
+  tokens_seen_ += s.tokens;
+}
+
+// The reference log-probabilities for full fine-tuning: at step 0 every pair the run will see is
+// run through the starting weights (shared over the data-parallel ranks) and the result saved in
+// DUMP_FOLDER/dpo_reference/logps.bin; a resumed run reads them back. LoRA needs none.
+void Trainer::dpo_reference() {
+  if (dynamic_cast<models::LoraModel*>(model_.get())) return;
+  const std::string path = cfg_.dump_folder + "/dpo_reference/logps.bin";
+  if (step_ > 0) {
+    ref_logps_ = load_reference_logps(path, pairs_);
+    const int64_t N = grad_accum_ * cfg_.training.local_batch_size * dims_.batch();
+    check(static_cast<int64_t>(ref_logps_.size()) >=
+              std::min<int64_t>(static_cast<int64_t>(pairs_.size()), cfg_.training.steps * N),
+          path +
+              " holds the reference of fewer pairs than this run trains on (training.steps "
+              "or the batch grew); start again from step 0 in another dump_folder");
+    return;
+  }
+  const int64_t N = grad_accum_ * cfg_.training.local_batch_size * dims_.batch();
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(pairs_.size()), cfg_.training.steps * N);
+  const double t0 = cpu::now_seconds();
+  ref_logps_ = reference_logps(*model_, pairs_, n, mesh_.batch_rank, dims_.batch(), dpo_pad_to());
+  mesh_.batch->all_reduce(reinterpret_cast<double*>(ref_logps_.data()), 2 * n);
+  if (rank0()) {
+    std::filesystem::create_directories(cfg_.dump_folder + "/dpo_reference");
+    save_reference_logps(path, pairs_, ref_logps_);
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f s", cpu::now_seconds() - t0);
+    log::info("DPO: reference log-probabilities of " + with_commas(n) +
+              " pairs from the starting weights in " + secs + ", saved in " + path);
+  }
+  dist::world().barrier();
+}
+
+// Sequence parallelism splits each row's tokens over the tp ranks: rows padded to a multiple.
+int64_t Trainer::dpo_pad_to() const { return dims_.tp; }
 
 void Trainer::reduce_and_update(StepResult& r) {
   // Gradients all-reduced across replicas (DDP: everything; FSDP/HSDP: the shard reduce-scattered
@@ -837,6 +953,7 @@ void Trainer::resume_data(const ckpt::TrainState& st) {
                   " when the checkpoint was saved, this run has " + now[key].dump() +
                   "; continuing from the same data position with the new batch size");
   }
+  if (!loader_) return;  // DPO: the pairs of a step follow from the step
   if (st.dataloader.is_null()) {
     log::warn(st.path +
               " has no dataloader position; the data order restarts from the first document");
@@ -875,7 +992,8 @@ void Trainer::maybe_checkpoint() {
   st.step = step_;
   st.tokens_seen = tokens_seen_;
   st.optimizer_state_dtype = cfg_.optimizer.moments_dtype();
-  st.dataloader = loader_->state();  // the same on every rank (one global stream)
+  // the same on every rank (one global stream); DPO's position is the step itself
+  st.dataloader = loader_ ? loader_->state() : nlohmann::json{{"dpo_pairs", pairs_.size()}};
   st.data = data_settings();
   const bool model_only = last && cfg_.checkpoint.last_save_model_only;
   if (sliced() && model_only) {  // the whole model (every slice gathered), written by rank 0
@@ -1024,7 +1142,7 @@ void Trainer::train() {
   int64_t tokens_since_log = 0, steps_since_log = 0;
   while (step_ < t.steps) {
     StepResult r = step();
-    tokens_since_log += grad_accum_ * per_rank;
+    tokens_since_log += r.tokens;
     data_since_log += data_time_;
     ++steps_since_log;
     if (step_ == 1 || step_ % cfg_.metrics.log_freq == 0) {
@@ -1054,6 +1172,7 @@ void Trainer::train() {
       m.n_tokens_seen = tokens_seen_;
       m.aux_loss = r.aux_loss;
       m.expert_load = r.expert_load;
+      m.objective = r.objective;
       writer.log(m);
       last_log = now;
       tokens_since_log = 0;

@@ -25,6 +25,7 @@
 #include "titan/parallel/expert_parallel.h"
 #include "titan/parallel/fsdp.h"
 #include "titan/parallel/tensor_parallel.h"
+#include "titan/train/dpo.h"
 #include "titan/train/metrics.h"
 #include "titan/train/step_in_backward.h"
 #include "titan/train/validator.h"
@@ -36,6 +37,8 @@ struct StepResult {
   int64_t valid_tokens = 0;
   double aux_loss = std::nan("");                    // mean over microbatches; NaN when off
   std::vector<StepMetrics::ExpertLoad> expert_load;  // per MoE layer
+  int64_t tokens = 0;  // the tokens this rank ran forward and backward
+  std::vector<std::pair<std::string, double>> objective;  // the objective's metrics (DPO's)
 };
 
 class Trainer {
@@ -71,6 +74,15 @@ class Trainer {
   void find_replicated();
   void log_layout() const;
   void setup_step_in_backward();
+
+  // dpo.enable: this rank's pairs of the step through the DPO loss (train/dpo.h), and the
+  // reference log-probabilities of the starting weights (computed at step 0, read on a resume).
+  void dpo_microbatches(StepResult& r);
+  void text_microbatches(StepResult& r);
+  void dpo_reference();
+  std::vector<data::PreferencePair> pairs_;
+  std::vector<PairLogps> ref_logps_;
+  int64_t dpo_pad_to() const;
 
   // The settings recorded in train_state.json ("data"): tokenizer, batch sizes, seq_len.
   nlohmann::json data_settings() const;
