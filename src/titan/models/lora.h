@@ -84,8 +84,7 @@ class LoraModel final : public Model,
   void zero_grad() override { store_->zero_grads(); }
   Model* frozen_base() override { return base_.get(); }
   void merge_adapters(bool merge) override;
-  // false: the base runs without the adapters (DPO's reference model), until set true again.
-  void set_adapters_enabled(bool on) { base_->set_linear_hooks(on ? this : nullptr); }
+  void set_adapters_enabled(bool on) override { base_->set_linear_hooks(on ? this : nullptr); }
 
   // ---- compute: the base's, with the adapters hooked into its linear layers
   ops::LossSum forward_backward(const Batch& b, float grad_scale, float aux_weight = 1.0f) override;

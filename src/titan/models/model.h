@@ -271,6 +271,9 @@ class Model {
   virtual Model* frozen_base() { return nullptr; }
   const Model* frozen_base() const { return const_cast<Model*>(this)->frozen_base(); }
   virtual void merge_adapters(bool /*merge*/) {}
+  // false: the model computes its frozen base alone, without the adapters (DPO's reference
+  // model), until set true again; nothing for a model without adapters.
+  virtual void set_adapters_enabled(bool /*on*/) {}
 
   // ---- compute
   // Forward and backward of one microbatch; gradients accumulate (+=) scaled by grad_scale

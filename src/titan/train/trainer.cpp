@@ -18,7 +18,6 @@
 #include "titan/data/dataset.h"
 #include "titan/dist/device_group.h"
 #include "titan/dist/nccl/nccl_group.h"
-#include "titan/models/lora.h"
 #include "titan/models/registry.h"
 #include "titan/ops/backend.h"
 #include "titan/ops/device.h"
@@ -724,7 +723,7 @@ void Trainer::text_microbatches(StepResult& r) {
 void Trainer::dpo_microbatches(StepResult& r) {
   const int64_t lbs = cfg_.training.local_batch_size, dp = dims_.batch();
   const int64_t N = grad_accum_ * lbs * dp, P = static_cast<int64_t>(pairs_.size());
-  auto* lora = dynamic_cast<models::LoraModel*>(model_.get());
+  const bool lora = model_->frozen_base() != nullptr;
   std::vector<data::PreferencePair> mine;
   std::vector<PairLogps> ref;
   for (int64_t k = 0; k < N; ++k) {
@@ -732,14 +731,14 @@ void Trainer::dpo_microbatches(StepResult& r) {
     const int64_t i = (step_ * N + k) % P;
     mine.push_back(pairs_[static_cast<size_t>(i)]);
     if (lora) {
-      lora->set_adapters_enabled(false);
+      model_->set_adapters_enabled(false);
       try {
         ref.push_back(pair_logps(*model_, mine.back(), dpo_pad_to()));
       } catch (...) {
-        lora->set_adapters_enabled(true);
+        model_->set_adapters_enabled(true);
         throw;
       }
-      lora->set_adapters_enabled(true);
+      model_->set_adapters_enabled(true);
     } else {
       ref.push_back(ref_logps_[static_cast<size_t>(i)]);
     }
@@ -763,7 +762,7 @@ void Trainer::dpo_microbatches(StepResult& r) {
 // run through the starting weights (shared over the data-parallel ranks) and the result saved in
 // DUMP_FOLDER/dpo_reference/logps.bin; a resumed run reads them back. LoRA needs none.
 void Trainer::dpo_reference() {
-  if (dynamic_cast<models::LoraModel*>(model_.get())) return;
+  if (model_->frozen_base()) return;  // LoRA
   const std::string path = cfg_.dump_folder + "/dpo_reference/logps.bin";
   if (step_ > 0) {
     ref_logps_ = load_reference_logps(path, pairs_);
