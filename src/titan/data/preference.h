@@ -30,14 +30,15 @@ PreferencePair preference_pair(const nlohmann::json& record, const Tokenizer& to
 // What reading found, for the one-line report.
 struct PreferenceStats {
   SourceStats source;
-  int64_t records = 0, bad_records = 0, too_long = 0;
-  std::string first_bad, first_too_long;  // file:line
+  int64_t records = 0, bad_records = 0;
+  int64_t truncated = 0, dropped_long = 0;  // pairs cut to max_tokens; prompts filling it
+  std::string first_bad, first_dropped;     // file:line
 };
 
-// Every record of o.path as a pair. A pair longer than max_tokens ids (prompt + completion;
-// training.seq_len + 1) is refused, naming it, unless skip_malformed (then counted and left out).
-// Throws titan::Error for malformed records (file:line; skipped and counted under
-// skip_malformed) and for a source without pairs.
+// Every record of o.path as a pair, cut to max_tokens ids as TRL's max_length with truncation_mode
+// keep_start cuts (prompt + each completion keep their first max_tokens ids; a pair whose prompt
+// alone fills them is left out and counted). Throws titan::Error for malformed records
+// (file:line; skipped and counted under skip_malformed) and for a source without pairs.
 std::vector<PreferencePair> read_preference_pairs(const SourceOptions& o, const Tokenizer& tok,
                                                   int64_t max_tokens,
                                                   PreferenceStats* stats = nullptr);

@@ -23,9 +23,14 @@ double sigmoid(double x) {
 
 }  // namespace
 
-DpoLossTerms dpo_loss(const config::DpoConfig& c, double chosen, double rejected, double ref_chosen,
-                      double ref_rejected) {
-  const double b = c.beta, h = (chosen - rejected) - (ref_chosen - ref_rejected);
+DpoLossTerms dpo_loss(const config::DpoConfig& c, const PairLogps& policy, const PairLogps& ref,
+                      int64_t chosen_tokens, int64_t rejected_tokens) {
+  // ipo: TRL divides each completion's log-probabilities by its token count (at least 1).
+  const bool ipo = c.loss_type == "ipo";
+  const double nw = ipo ? static_cast<double>(std::max<int64_t>(chosen_tokens, 1)) : 1.0;
+  const double nl = ipo ? static_cast<double>(std::max<int64_t>(rejected_tokens, 1)) : 1.0;
+  const double b = c.beta,
+               h = (policy.chosen - ref.chosen) / nw - (policy.rejected - ref.rejected) / nl;
   DpoLossTerms t;
   double dh = 0;  // ∂loss/∂h
   if (c.loss_type == "sigmoid") {
@@ -45,10 +50,10 @@ DpoLossTerms dpo_loss(const config::DpoConfig& c, double chosen, double rejected
   } else {
     throw Error("dpo.loss_type '" + c.loss_type + "' must be sigmoid, ipo, hinge or robust");
   }
-  t.d_chosen = dh;
-  t.d_rejected = -dh;
-  t.reward_chosen = b * (chosen - ref_chosen);
-  t.reward_rejected = b * (rejected - ref_rejected);
+  t.d_chosen = dh / nw;
+  t.d_rejected = -dh / nl;
+  t.reward_chosen = b * (policy.chosen - ref.chosen);
+  t.reward_rejected = b * (policy.rejected - ref.rejected);
   return t;
 }
 
@@ -109,7 +114,6 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
                              int64_t pad_to) {
   check(ref.size() == pairs.size(), "DPO: one reference entry per pair");
   check(global_pairs > 0, "DPO: a step without pairs");
-  const bool ipo = c.loss_type == "ipo";  // TRL averages the log-probabilities for ipo
   const double inv_pairs = 1.0 / static_cast<double>(global_pairs);
   // Each sequence's auxiliary MoE loss weighs 1 / (2 · global pairs): the step's term is the mean
   // over its sequences, as the next-token objective's is over its microbatches.
@@ -119,21 +123,18 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
     const PreferencePair& p = pairs[i];
     const SequenceRow cw = sequence_row(p.prompt, p.chosen, pad_to);
     const SequenceRow cl = sequence_row(p.prompt, p.rejected, pad_to);
-    const double nw = ipo ? static_cast<double>(cw.completion_tokens) : 1.0;
-    const double nl = ipo ? static_cast<double>(cl.completion_tokens) : 1.0;
-    const double pw = -m.forward_loss(cw.batch()).sum / nw;
-    const double pl = -m.forward_loss(cl.batch()).sum / nl;
-    const DpoLossTerms t = dpo_loss(c, pw, pl, ref[i].chosen / nw, ref[i].rejected / nl);
-    // π(y) = −Σ CE / n: the CE gradient of the sequence scaled by −∂loss/∂π / n, over the step.
-    m.forward_backward(cw.batch(), static_cast<float>(-t.d_chosen / nw * inv_pairs), aux_weight);
-    m.forward_backward(cl.batch(), static_cast<float>(-t.d_rejected / nl * inv_pairs), aux_weight);
+    const PairLogps pi{-m.forward_loss(cw.batch()).sum, -m.forward_loss(cl.batch()).sum};
+    const DpoLossTerms t = dpo_loss(c, pi, ref[i], cw.completion_tokens, cl.completion_tokens);
+    // π(y) = −Σ CE: each sequence's CE gradient scaled by −∂loss/∂π(y), over the step's pairs.
+    m.forward_backward(cw.batch(), static_cast<float>(-t.d_chosen * inv_pairs), aux_weight);
+    m.forward_backward(cl.batch(), static_cast<float>(-t.d_rejected * inv_pairs), aux_weight);
     s.loss += t.loss;
     s.reward_chosen += t.reward_chosen;
     s.reward_rejected += t.reward_rejected;
     s.accurate += t.reward_chosen > t.reward_rejected ? 1.0 : 0.0;
     s.margin += t.reward_chosen - t.reward_rejected;
-    s.logps_chosen += pw;
-    s.logps_rejected += pl;
+    s.logps_chosen += pi.chosen;
+    s.logps_rejected += pi.rejected;
     s.pairs += 1;
     s.tokens += cw.completion_tokens + cl.completion_tokens;
   }

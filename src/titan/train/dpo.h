@@ -29,15 +29,21 @@
 
 namespace titan::train {
 
+// Log-probabilities (summed over the completion tokens) of each completion of a pair.
+struct PairLogps {
+  double chosen = 0, rejected = 0;
+};
+
 struct DpoLossTerms {
   double loss = 0;
-  double d_chosen = 0, d_rejected = 0;  // ∂loss/∂π(y_w), ∂loss/∂π(y_l) (of the logps used)
+  double d_chosen = 0, d_rejected = 0;  // ∂loss/∂π(y_w), ∂loss/∂π(y_l) (of the sums)
   double reward_chosen = 0, reward_rejected = 0;
 };
 
-// One pair's loss from its (already averaged, for ipo) log-probabilities.
-DpoLossTerms dpo_loss(const config::DpoConfig& c, double chosen, double rejected, double ref_chosen,
-                      double ref_rejected);
+// One pair's loss from the policy's and the reference's summed log-probabilities and the
+// completions' token counts (ipo averages over them; the rewards use the sums, as TRL's).
+DpoLossTerms dpo_loss(const config::DpoConfig& c, const PairLogps& policy, const PairLogps& ref,
+                      int64_t chosen_tokens, int64_t rejected_tokens);
 
 using data::PreferencePair;
 
@@ -51,11 +57,6 @@ struct DpoSums {
   // TRL's names: rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
   // logps/chosen, logps/rejected (means over pairs).
   std::vector<std::pair<std::string, double>> metrics() const;
-};
-
-// Log-probabilities (summed) of each completion of a pair under some model.
-struct PairLogps {
-  double chosen = 0, rejected = 0;
 };
 
 // A completion as a microbatch of one row: the ids prompt + completion without the last, labels

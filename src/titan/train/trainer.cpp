@@ -298,10 +298,14 @@ void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
     if (rank0())
       log::info("DPO: " + with_commas(static_cast<int64_t>(pairs_.size())) +
                 " preference pairs from " + data::source_path(spec.source) +
-                (st.too_long > 0 ? "; " + with_commas(st.too_long) +
-                                       " longer than training.seq_len + 1 tokens left out (first " +
-                                       st.first_too_long + ")"
-                                 : "") +
+                (st.truncated > 0
+                     ? "; " + with_commas(st.truncated) + " cut to training.seq_len + 1 tokens"
+                     : "") +
+                (st.dropped_long > 0 ? "; " + with_commas(st.dropped_long) +
+                                           " whose prompt alone fills training.seq_len + 1 "
+                                           "tokens left out (first " +
+                                           st.first_dropped + ")"
+                                     : "") +
                 (st.bad_records > 0 ? "; " + with_commas(st.bad_records) +
                                           " malformed records skipped (first " + st.first_bad + ")"
                                     : ""));
