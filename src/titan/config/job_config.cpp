@@ -717,6 +717,9 @@ void validate(const JobConfig& c) {
         "dpo.beta must be a positive number, got " + shortest(c.dpo.beta));
   check(c.dpo.label_smoothing >= 0 && c.dpo.label_smoothing < 0.5,
         "dpo.label_smoothing must be in [0, 0.5), got " + shortest(c.dpo.label_smoothing));
+  check(!c.dpo.enable || !c.validator.enable,
+        "validator.enable computes the next-token loss, which DPO does not train: turn the "
+        "validator off with dpo.enable");
   check(c.dpo.label_smoothing == 0 || c.dpo.loss_type == "robust",
         "dpo.label_smoothing applies to loss_type robust only (TRL's sigmoid loss has none)");
   check(c.sft.truncation == "truncate" || c.sft.truncation == "drop",

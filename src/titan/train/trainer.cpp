@@ -188,6 +188,10 @@ void Trainer::setup_step_in_backward() {
             "degree (" +
             std::to_string(cfg_.training.local_batch_size * dims_.batch()) +
             "), or turn early_step_in_backward off");
+  check(!cfg_.dpo.enable,
+        why +
+            ", but DPO runs a backward for each completion of the step's pairs: turn "
+            "optimizer.early_step_in_backward off");
   check(model_->frozen_base() == nullptr,
         why + "; a LoRA run keeps its gradients small already: turn early_step_in_backward off");
   step_in_backward_ = std::make_unique<StepInBackward>(
@@ -1125,10 +1129,16 @@ void Trainer::train() {
   log::info("Model " + cfg_.model.name + " " + cfg_.model.flavor + " size: " + with_commas(total) +
             " total parameters");
   const int64_t per_rank = t.local_batch_size * t.seq_len;
-  log::info("Trainer is initialized with " + with_commas(per_rank) + " tokens per DP rank, " +
-            with_commas(per_rank * grad_accum_ * dims_.batch()) +
-            " tokens per train step, gradient accumulation "
-            "steps " +
+  char beta_text[32];
+  std::snprintf(beta_text, sizeof beta_text, "%g", cfg_.dpo.beta);
+  log::info("Trainer is initialized with " +
+            (cfg_.dpo.enable ? with_commas(t.local_batch_size) + " preference pairs per DP rank, " +
+                                   with_commas(t.local_batch_size * grad_accum_ * dims_.batch()) +
+                                   " pairs per train step (DPO " + cfg_.dpo.loss_type + ", beta " +
+                                   beta_text + "), gradient accumulation steps "
+                             : with_commas(per_rank) + " tokens per DP rank, " +
+                                   with_commas(per_rank * grad_accum_ * dims_.batch()) +
+                                   " tokens per train step, gradient accumulation steps ") +
             std::to_string(grad_accum_) + ", maximum context length " + std::to_string(t.seq_len) +
             ", total steps " + std::to_string(t.steps) + " (warmup " +
             std::to_string(sched_.warmup_steps) + ")");
