@@ -195,5 +195,33 @@ TEST(Dpo, ResumeIsBitwiseAndADamagedReferenceIsRefused) {
   EXPECT_NE(e.find("start the run again from step 0"), std::string::npos) << e;
 }
 
+// LoRA: the reference is the base with the adapters off (no reference file, no second copy).
+// The adapters start at B = 0, so at step 1 the policy is the reference; the loss then falls.
+// The same run with bf16 mixed precision also starts at log 2 and falls.
+TEST(Dpo, LoraReferenceIsTheBaseWithoutItsAdapters) {
+  for (const char* precision : {"float32", "bfloat16"}) {
+    const std::string dir = titan::testing::fresh_temp_dir(std::string("dpo_lora_") + precision);
+    config::JobConfig c = dpo_job(dir);
+    c.model = config::JobConfig{}.model;
+    c.model.hf_assets_path = std::string(TITAN_SOURCE_DIR) + "/tests/fixtures/hf/tied_gqa2";
+    c.checkpoint.initial_load_in_hf = true;
+    c.dataloader.tokenizer = "byte";
+    c.training.mixed_precision_param = precision;
+    c.training.steps = 12;
+    c.lora.rank = 4;
+    c.lora.alpha = 8;
+    c.optimizer.lr = 1e-2;
+    Trainer t(c);
+    ASSERT_NE(t.model().frozen_base(), nullptr);
+    const double first = t.step().loss;
+    double last = first;
+    for (int i = 1; i < 12; ++i) last = t.step().loss;
+    EXPECT_NEAR(first, std::log(2.0), 1e-6) << precision;
+    EXPECT_LT(last, 0.9 * first) << precision;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/out/dpo_reference")) << precision;
+    std::printf("DPO + LoRA (%s): loss %.5f -> %.5f in 12 steps\n", precision, first, last);
+  }
+}
+
 }  // namespace
 }  // namespace titan::train
