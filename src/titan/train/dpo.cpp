@@ -57,18 +57,6 @@ DpoLossTerms dpo_loss(const config::DpoConfig& c, const PairLogps& policy, const
   return t;
 }
 
-void DpoSums::add(const DpoSums& o) {
-  loss += o.loss;
-  reward_chosen += o.reward_chosen;
-  reward_rejected += o.reward_rejected;
-  accurate += o.accurate;
-  margin += o.margin;
-  logps_chosen += o.logps_chosen;
-  logps_rejected += o.logps_rejected;
-  pairs += o.pairs;
-  tokens += o.tokens;
-}
-
 std::vector<std::pair<std::string, double>> DpoSums::metrics() const {
   const double n = pairs > 0 ? static_cast<double>(pairs) : std::nan("");
   return {{"rewards/chosen", reward_chosen / n}, {"rewards/rejected", reward_rejected / n},
@@ -136,7 +124,8 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
     s.logps_chosen += pi.chosen;
     s.logps_rejected += pi.rejected;
     s.pairs += 1;
-    s.tokens += cw.completion_tokens + cl.completion_tokens;
+    s.tokens += static_cast<int64_t>(p.prompt.size() * 2 + p.chosen.size() + p.rejected.size()) - 2;
+    s.completion_tokens += cw.completion_tokens + cl.completion_tokens;
   }
   return s;
 }

@@ -52,8 +52,9 @@ struct DpoSums {
   double loss = 0;
   double reward_chosen = 0, reward_rejected = 0, accurate = 0, margin = 0;
   double logps_chosen = 0, logps_rejected = 0;
-  int64_t pairs = 0, tokens = 0;  // tokens: completion tokens (the loss's valid labels)
-  void add(const DpoSums& o);
+  int64_t pairs = 0;
+  int64_t tokens = 0;             // through the model: both rows' input tokens
+  int64_t completion_tokens = 0;  // the log-probabilities' (the loss's valid labels)
   // TRL's names: rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
   // logps/chosen, logps/rejected (means over pairs).
   std::vector<std::pair<std::string, double>> metrics() const;

@@ -753,15 +753,29 @@ void Trainer::dpo_microbatches(StepResult& r) {
   }
   data_time_ = 0;
   DpoSums s = dpo_forward_backward(*model_, cfg_.dpo, mine, ref, N, dpo_pad_to());
-  double sums[8] = {s.loss,   s.reward_chosen, s.reward_rejected, s.accurate,
-                    s.margin, s.logps_chosen,  s.logps_rejected,  static_cast<double>(s.tokens)};
   r.tokens = s.tokens;
-  mesh_.batch->all_reduce(sums, 8);
-  s = DpoSums{sums[0], sums[1], sums[2],
-              sums[3], sums[4], sums[5],
-              sums[6], N,       static_cast<int64_t>(sums[7])};
+  double sums[9] = {s.loss,
+                    s.reward_chosen,
+                    s.reward_rejected,
+                    s.accurate,
+                    s.margin,
+                    s.logps_chosen,
+                    s.logps_rejected,
+                    static_cast<double>(s.tokens),
+                    static_cast<double>(s.completion_tokens)};
+  mesh_.batch->all_reduce(sums, 9);
+  s = DpoSums{sums[0],
+              sums[1],
+              sums[2],
+              sums[3],
+              sums[4],
+              sums[5],
+              sums[6],
+              N,
+              static_cast<int64_t>(sums[7]),
+              static_cast<int64_t>(sums[8])};
   r.loss = s.loss / static_cast<double>(N);
-  r.valid_tokens = s.tokens;
+  r.valid_tokens = s.completion_tokens;
   r.objective = s.metrics();
   tokens_seen_ += s.tokens;
 }
