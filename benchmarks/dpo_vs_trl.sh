@@ -30,14 +30,14 @@ tok="$assets/tokenizers/qwen3"
 [ -f "$tok/tokenizer.json" ] || { echo "dpo_vs_trl: no $tok/tokenizer.json (set TITAN_ASSETS)" >&2; exit 1; }
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-python3 - "$out/pairs.jsonl" "$prompt" "$completion" <<'PY'
+python3 - "$out/pairs.jsonl" "$prompt" "$completion" $((pairs * (steps + 1))) <<'PY'
 import json, random, sys
 random.seed(0)
 words = "the of and to in is was for on as with by he at from his an were are which this".split()
 def text(n):  # about n tokens: common words, one token each with their leading space
     return "".join(" " + random.choice(words) for _ in range(n))
 with open(sys.argv[1], "w") as f:
-    for i in range(64):
+    for i in range(int(sys.argv[4])):  # the pairs the run trains on: TRL precomputes every one
         f.write(json.dumps({"prompt": "Question" + text(int(sys.argv[2])) + "?",
                             "chosen": text(int(sys.argv[3])), "rejected": text(int(sys.argv[3]))}) + "\n")
 PY

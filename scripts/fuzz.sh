@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-30}; shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(safetensors hf_config tokenizer_json job_toml flags jsonl chat token_shard train_state
-  plugin_file generation_config adapter_config gzip)
+  plugin_file generation_config adapter_config gzip preference)
 bash scripts/build.sh build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DTITAN_FUZZ=ON -DTITAN_BUILD_TESTS=OFF -DTITAN_BUILD_BENCHMARKS=OFF -DTITAN_CUDA=OFF \
   -- $(printf 'fuzz_%s ' "${targets[@]}")
