@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +111,23 @@ TEST(Dpo, LogpsLossMetricsAndGradientsMatchTrl) {
                 c.loss_type.c_str(), loss, want, tensors, worst);
   }
   std::printf("log-probabilities: worst relative difference to TRL %.3g\n", worst_logp);
+}
+
+TEST(Dpo, PairOrderIsTheFileFirstThenReshuffledEachEpoch) {
+  PairOrder plain(5, false, 42), shuffled(5, true, 42), again(5, true, 42);
+  std::vector<int64_t> e1;
+  for (int64_t g = 0; g < 5; ++g) {
+    EXPECT_EQ(plain.at(g), g);
+    EXPECT_EQ(shuffled.at(g), g);  // epoch 0: the file's order
+    EXPECT_EQ(plain.at(g + 5), g);
+  }
+  for (int64_t g = 5; g < 10; ++g) e1.push_back(shuffled.at(g));
+  std::vector<int64_t> sorted = e1;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int64_t>{0, 1, 2, 3, 4}));  // a permutation
+  EXPECT_NE(e1, sorted);
+  for (int64_t g = 5; g < 10; ++g) EXPECT_EQ(again.at(g), e1[static_cast<size_t>(g - 5)]);
+  EXPECT_EQ(shuffled.at(2), 2);  // back to epoch 0
 }
 
 // A synthetic preference set a tiny model can learn: the chosen completion repeats the prompt's

@@ -11,6 +11,7 @@
 
 #include "titan/core/error.h"
 #include "titan/core/file_io.h"
+#include "titan/core/rng.h"
 #include "titan/ops/loss.h"
 
 namespace titan::train {
@@ -128,6 +129,30 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
     s.completion_tokens += cw.completion_tokens + cl.completion_tokens;
   }
   return s;
+}
+
+PairOrder::PairOrder(int64_t pairs, bool shuffle, uint64_t seed)
+    : n_(pairs), shuffle_(shuffle), seed_(seed), order_(static_cast<size_t>(pairs)) {
+  check(pairs > 0, "DPO: no preference pairs");
+  for (int64_t i = 0; i < n_; ++i) order_[static_cast<size_t>(i)] = i;
+}
+
+int64_t PairOrder::at(int64_t g) {
+  const int64_t e = g / n_;
+  if (shuffle_) {
+    if (e < epoch_) {  // back to an earlier epoch (not in training, which moves forward)
+      for (int64_t i = 0; i < n_; ++i) order_[static_cast<size_t>(i)] = i;
+      epoch_ = 0;
+    }
+    for (; epoch_ < e; ++epoch_)
+      for (int64_t i = n_ - 1; i > 0; --i) {
+        const uint64_t r =
+            random_u64(seed_, static_cast<uint64_t>(epoch_ + 1), static_cast<uint64_t>(i));
+        std::swap(order_[static_cast<size_t>(i)],
+                  order_[static_cast<size_t>(r % static_cast<uint64_t>(i + 1))]);
+      }
+  }
+  return order_[static_cast<size_t>(g % n_)];
 }
 
 std::vector<PairLogps> reference_logps(models::Model& m, const std::vector<PreferencePair>& pairs,

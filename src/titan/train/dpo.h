@@ -84,6 +84,23 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
                              const std::vector<PairLogps>& ref, int64_t global_pairs,
                              int64_t pad_to = 1);
 
+// The order pairs are trained in, as the packed loader orders documents: epoch 0 in the file's
+// order (so the first P positions are pairs 0 .. P − 1, whatever the shuffle); with shuffle each
+// later epoch reshuffles the one before (Fisher–Yates over a counter-based stream per epoch).
+class PairOrder {
+ public:
+  PairOrder(int64_t pairs, bool shuffle, uint64_t seed);
+  // The pair at global position g (epoch g / pairs).
+  int64_t at(int64_t g);
+
+ private:
+  int64_t n_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t epoch_ = 0;
+  std::vector<int64_t> order_;
+};
+
 // The reference log-probabilities of pairs [0, n) under m (the starting weights) for data-parallel
 // rank `rank` of `ranks`: it computes pairs i with i % ranks == rank and leaves the others 0, so
 // that their sum over the ranks holds every pair.

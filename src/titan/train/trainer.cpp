@@ -292,6 +292,9 @@ void Trainer::build_data(std::vector<std::string> docs, int64_t vocab) {
     const auto tok = data::make_tokenizer(spec.tokenizer);
     data::PreferenceStats st;
     pairs_ = data::read_preference_pairs(spec.source, *tok, t.seq_len + 1, &st);
+    pair_order_ =
+        std::make_unique<PairOrder>(static_cast<int64_t>(pairs_.size()), cfg_.dataloader.shuffle,
+                                    static_cast<uint64_t>(cfg_.dataloader.seed));
     text_data_ = true;
     for (const auto& p : pairs_)
       for (const auto* v : {&p.prompt, &p.chosen, &p.rejected})
@@ -723,20 +726,20 @@ void Trainer::text_microbatches(StepResult& r) {
 }
 
 // The DPO objective's part of a step. The step's global batch is pairs k = 0 .. N − 1 (N =
-// grad_accum × local_batch_size × dp) of the pairs in file order, wrapping around at the end:
-// pair (step · N + k) mod P. Data rank q trains the pairs of microbatches m = a·dp + q, as the
-// next-token objective splits its rows, so every layout of the same global batch sees the same
-// pairs. The reference: the base without its adapters (LoRA), else the starting weights' saved
-// log-probabilities.
+// grad_accum × local_batch_size × dp) at positions step · N + k of the pairs' order (PairOrder:
+// the file's, reshuffled each epoch after the first with dataloader.shuffle). Data rank q trains
+// the pairs of microbatches m = a·dp + q, as the next-token objective splits its rows, so every
+// layout of the same global batch sees the same pairs. The reference: the base without its adapters
+// (LoRA), else the starting weights' saved log-probabilities.
 void Trainer::dpo_microbatches(StepResult& r) {
   const int64_t lbs = cfg_.training.local_batch_size, dp = dims_.batch();
-  const int64_t N = grad_accum_ * lbs * dp, P = static_cast<int64_t>(pairs_.size());
+  const int64_t N = grad_accum_ * lbs * dp;
   const bool lora = model_->frozen_base() != nullptr;
   std::vector<data::PreferencePair> mine;
   std::vector<PairLogps> ref;
   for (int64_t k = 0; k < N; ++k) {
     if ((k / lbs) % dp != mesh_.batch_rank) continue;
-    const int64_t i = (step_ * N + k) % P;
+    const int64_t i = pair_order_->at(step_ * N + k);
     mine.push_back(pairs_[static_cast<size_t>(i)]);
     if (lora) {
       model_->set_adapters_enabled(false);

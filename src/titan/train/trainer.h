@@ -82,6 +82,7 @@ class Trainer {
   void dpo_reference();
   std::vector<data::PreferencePair> pairs_;
   std::vector<PairLogps> ref_logps_;
+  std::unique_ptr<PairOrder> pair_order_;  // dataloader.shuffle and seed, as for documents
   int64_t dpo_pad_to() const;
 
   // The settings recorded in train_state.json ("data"): tokenizer, batch sizes, seq_len.
