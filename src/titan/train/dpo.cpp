@@ -107,6 +107,7 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
   // Each sequence's auxiliary MoE loss weighs 1 / (2 · global pairs): the step's term is the mean
   // over its sequences, as the next-token objective's is over its microbatches.
   const float aux_weight = static_cast<float>(0.5 * inv_pairs);
+  const models::RoutingStats* routing = m.routing();
   DpoSums s;
   for (size_t i = 0; i < pairs.size(); ++i) {
     const PreferencePair& p = pairs[i];
@@ -116,7 +117,9 @@ DpoSums dpo_forward_backward(models::Model& m, const config::DpoConfig& c,
     const DpoLossTerms t = dpo_loss(c, pi, ref[i], cw.completion_tokens, cl.completion_tokens);
     // π(y) = −Σ CE: each sequence's CE gradient scaled by −∂loss/∂π(y), over the step's pairs.
     m.forward_backward(cw.batch(), static_cast<float>(-t.d_chosen * inv_pairs), aux_weight);
+    if (routing) s.aux_loss += routing->last_aux_loss();
     m.forward_backward(cl.batch(), static_cast<float>(-t.d_rejected * inv_pairs), aux_weight);
+    if (routing) s.aux_loss += routing->last_aux_loss();
     s.loss += t.loss;
     s.reward_chosen += t.reward_chosen;
     s.reward_rejected += t.reward_rejected;

@@ -55,6 +55,7 @@ struct DpoSums {
   int64_t pairs = 0;
   int64_t tokens = 0;             // through the model: both rows' input tokens
   int64_t completion_tokens = 0;  // the log-probabilities' (the loss's valid labels)
+  double aux_loss = 0;            // MoE: Σ of each training pass's auxiliary loss
   // TRL's names: rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
   // logps/chosen, logps/rejected (means over pairs).
   std::vector<std::pair<std::string, double>> metrics() const;

@@ -706,11 +706,20 @@ void Trainer::text_microbatches(StepResult& r) {
   }
   test::kill_point("step:backward");
   mesh_.batch->all_reduce(&loss_sum, 1);
-  mesh_.batch->all_reduce(&aux_sum, 1);
   tokens_seen_ += grad_accum_ * mb_tokens * dims_.batch();
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
+  reduce_routing(r, aux_sum, microbatches);
+  r.tokens = grad_accum_ * mb_tokens;
+}
+
+// MoE: the step's auxiliary loss (the mean of aux_sum, this rank's per-pass values, over the
+// passes of every data-parallel rank) added to the loss, and the expert counts summed over the
+// ranks (before finish_step's expert-bias update) and logged.
+void Trainer::reduce_routing(StepResult& r, double aux_sum, int64_t passes) {
+  const models::RoutingStats* routing = model_->routing();
+  mesh_.batch->all_reduce(&aux_sum, 1);
   if (const auto coef = routing ? routing->aux_loss_coef() : std::nullopt) {
-    r.aux_loss = aux_sum / static_cast<double>(microbatches);
+    r.aux_loss = aux_sum / static_cast<double>(passes);
     r.loss += *coef * r.aux_loss;
   }
   for (const auto& load : routing ? routing->expert_load() : std::vector<models::ExpertLoad>{}) {
@@ -722,7 +731,6 @@ void Trainer::text_microbatches(StepResult& r) {
                              *std::min_element(load.tokens->begin(), load.tokens->end()),
                              *std::max_element(load.tokens->begin(), load.tokens->end())});
   }
-  r.tokens = grad_accum_ * mb_tokens;
 }
 
 // The DPO objective's part of a step. The step's global batch is pairs k = 0 .. N − 1 (N =
@@ -757,27 +765,20 @@ void Trainer::dpo_microbatches(StepResult& r) {
   data_time_ = 0;
   DpoSums s = dpo_forward_backward(*model_, cfg_.dpo, mine, ref, N, dpo_pad_to());
   r.tokens = s.tokens;
-  double sums[9] = {s.loss,
-                    s.reward_chosen,
-                    s.reward_rejected,
-                    s.accurate,
-                    s.margin,
-                    s.logps_chosen,
-                    s.logps_rejected,
-                    static_cast<double>(s.tokens),
-                    static_cast<double>(s.completion_tokens)};
-  mesh_.batch->all_reduce(sums, 9);
-  s = DpoSums{sums[0],
-              sums[1],
-              sums[2],
-              sums[3],
-              sums[4],
-              sums[5],
-              sums[6],
-              N,
-              static_cast<int64_t>(sums[7]),
-              static_cast<int64_t>(sums[8])};
+  // the sums over the data-parallel ranks (the aux loss: reduce_routing)
+  double* sum[] = {&s.loss,   &s.reward_chosen, &s.reward_rejected, &s.accurate,
+                   &s.margin, &s.logps_chosen,  &s.logps_rejected};
+  double all[9];
+  for (int i = 0; i < 7; ++i) all[i] = *sum[i];
+  all[7] = static_cast<double>(s.tokens);
+  all[8] = static_cast<double>(s.completion_tokens);
+  mesh_.batch->all_reduce(all, 9);
+  for (int i = 0; i < 7; ++i) *sum[i] = all[i];
+  s.tokens = static_cast<int64_t>(all[7]);
+  s.completion_tokens = static_cast<int64_t>(all[8]);
+  s.pairs = N;
   r.loss = s.loss / static_cast<double>(N);
+  reduce_routing(r, s.aux_loss, 2 * N);  // one pass per completion
   r.valid_tokens = s.completion_tokens;
   r.objective = s.metrics();
   tokens_seen_ += s.tokens;

@@ -79,6 +79,7 @@ class Trainer {
   // reference log-probabilities of the starting weights (computed at step 0, read on a resume).
   void dpo_microbatches(StepResult& r);
   void text_microbatches(StepResult& r);
+  void reduce_routing(StepResult& r, double aux_sum, int64_t passes);
   void dpo_reference();
   std::vector<data::PreferencePair> pairs_;
   std::vector<PairLogps> ref_logps_;
