@@ -35,15 +35,7 @@ import trl
 from datasets import load_dataset
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, TrainerCallback
 
-PRESETS = {
-    "0.6b-2layer": dict(
-        vocab_size=151936, hidden_size=1024, num_hidden_layers=2,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        intermediate_size=3072, tie_word_embeddings=True,
-        rope_theta=1e6, rms_norm_eps=1e-6,
-    ),
-}
-
+from bench_torch import PRESETS  # the same shapes as the other benchmarks (this directory)
 
 class Timer(TrainerCallback):
     def __init__(self):

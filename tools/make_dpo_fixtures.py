@@ -74,10 +74,10 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from trl import DPOConfig, DPOTrainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+from make_hf_fixtures import rescale_weights  # the init of every HF fixture (this directory)
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SEED = 20261207
-WEIGHT_STD = 0.2
-NORM_JITTER = 0.1
 REF_NOISE_STD = 0.02
 BETA = 0.1
 PAD_ID = 0
@@ -136,21 +136,7 @@ def tiny_config():
 def build_models():
     torch.manual_seed(SEED)
     policy = Qwen3ForCausalLM(tiny_config()).to(torch.float32)
-    scale = WEIGHT_STD / policy.config.initializer_range
-    done = set()
-    with torch.no_grad():
-        for mname, module in policy.named_modules():
-            w = getattr(module, "weight", None)
-            if not isinstance(w, torch.nn.Parameter) or id(w) in done:
-                continue
-            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                w.mul_(scale)
-            elif "RMSNorm" in type(module).__name__:
-                w.copy_(1.0 + NORM_JITTER * torch.randn(w.shape, dtype=w.dtype))
-            else:
-                raise RuntimeError(f"unexpected module with weight: {mname}")
-            done.add(id(w))
-    assert len(done) == len(list(policy.parameters()))
+    rescale_weights(policy)
     assert policy.lm_head.weight is policy.model.embed_tokens.weight
     ref = Qwen3ForCausalLM(tiny_config()).to(torch.float32)
     ref.load_state_dict(policy.state_dict())

@@ -97,17 +97,11 @@ def versions():
     }
 
 
-def build_model(spec, seed):
-    torch.manual_seed(seed)
-    config = Qwen3Config(**spec, **COMMON, dtype="float32", attn_implementation="eager")
-    model = Qwen3ForCausalLM(config)          # HF init (post_init): Normal(0, 0.02), RMSNorm weights = 1
-    model.set_attn_implementation("eager")
-    assert model.config._attn_implementation == "eager", model.config._attn_implementation
-    model = model.to(torch.float32)
-
-    # Re-scale: Linear / Embedding weights x (0.2 / 0.02); RMSNorm weights = 1 + 0.1 * randn.
-    # Each *parameter* is touched once (a tied lm_head shares embed_tokens' parameter).
-    scale = WEIGHT_STD / config.initializer_range
+def rescale_weights(model):
+    """Linear / Embedding weights x (WEIGHT_STD / initializer_range); RMSNorm weights =
+    1 + NORM_JITTER * randn. Each *parameter* is touched once (a tied lm_head shares
+    embed_tokens' parameter)."""
+    scale = WEIGHT_STD / model.config.initializer_range
     done = set()
     with torch.no_grad():
         for mname, module in model.named_modules():
@@ -123,6 +117,17 @@ def build_model(spec, seed):
             done.add(id(w))
     n_named = len(list(model.parameters()))
     assert len(done) == n_named, (len(done), n_named)
+
+
+def build_model(spec, seed):
+    torch.manual_seed(seed)
+    config = Qwen3Config(**spec, **COMMON, dtype="float32", attn_implementation="eager")
+    model = Qwen3ForCausalLM(config)          # HF init (post_init): Normal(0, 0.02), RMSNorm weights = 1
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager", model.config._attn_implementation
+    model = model.to(torch.float32)
+
+    rescale_weights(model)
     if spec["tie_word_embeddings"]:
         assert model.lm_head.weight is model.model.embed_tokens.weight, "expected tied lm_head"
     else:
