@@ -15,12 +15,13 @@
 //
 // The gradient: each pair's loss depends on the policy only through π(y_w) and π(y_l), sums of
 // per-token log-probabilities, so it is the next-token loss's gradient of each sequence scaled by
-// −∂loss/∂π(y) (Σ log p = −Σ CE). DpoStep runs every completion as its own microbatch row: one
-// forward for π, then one forward+backward with that scale.
+// −∂loss/∂π(y) (Σ log p = −Σ CE). dpo_forward_backward runs every completion as its own
+// microbatch row: one forward for π, then one forward+backward with that scale. No kernel knows
+// of DPO, so it composes with every parallel layout, LoRA, bf16 and activation checkpointing.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "titan/config/job_config.h"
