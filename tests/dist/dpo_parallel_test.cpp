@@ -19,10 +19,11 @@ namespace {
 using testing::fresh_temp_dir;
 using namespace dist_test;  // NOLINT(google-build-using-namespace)
 
+// 11 pairs: 3 steps of 4 wrap around, and the 11 reference passes do not divide over 2 ranks.
 std::string write_pairs(const std::string& dir) {
   const std::string path = dir + "/pairs.jsonl";
   std::ofstream o(path);
-  for (int i = 0; i < 24; ++i) {
+  for (int i = 0; i < 11; ++i) {
     const char a = static_cast<char>('a' + i % 26), b = static_cast<char>('z' - i % 26);
     o << nlohmann::json{{"prompt", "pick " + std::string(1, a) + std::to_string(i) + ":"},
                         {"chosen", std::string(" ") + a + a},

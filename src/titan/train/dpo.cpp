@@ -161,8 +161,14 @@ int64_t PairOrder::at(int64_t g) {
 std::vector<PairLogps> reference_logps(models::Model& m, const std::vector<PreferencePair>& pairs,
                                        int64_t n, int64_t rank, int64_t ranks, int64_t pad_to) {
   std::vector<PairLogps> r(static_cast<size_t>(n));
-  for (int64_t i = rank; i < n; i += ranks)
-    r[static_cast<size_t>(i)] = pair_logps(m, pairs[static_cast<size_t>(i)], pad_to);
+  // Every rank runs the same number of forwards: under FSDP or expert parallelism each is a
+  // collective of the group. A rank past the end runs pair 0 again and keeps nothing of it.
+  const int64_t rounds = (n + ranks - 1) / ranks;
+  for (int64_t j = 0; j < rounds; ++j) {
+    const int64_t i = j * ranks + rank;
+    const PairLogps l = pair_logps(m, pairs[static_cast<size_t>(i < n ? i : 0)], pad_to);
+    if (i < n) r[static_cast<size_t>(i)] = l;
+  }
   return r;
 }
 

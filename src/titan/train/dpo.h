@@ -105,7 +105,8 @@ class PairOrder {
 
 // The reference log-probabilities of pairs [0, n) under m (the starting weights) for data-parallel
 // rank `rank` of `ranks`: it computes pairs i with i % ranks == rank and leaves the others 0, so
-// that their sum over the ranks holds every pair.
+// that their sum over the ranks holds every pair. Every rank calls the model ⌈n / ranks⌉ times
+// (the passes of FSDP and expert parallelism are collectives).
 std::vector<PairLogps> reference_logps(models::Model& m, const std::vector<PreferencePair>& pairs,
                                        int64_t n, int64_t rank, int64_t ranks, int64_t pad_to = 1);
 
