@@ -2,8 +2,8 @@
 // pairs, fp32: DDP 2 and FSDP 2 (each rank its own pairs, the reference log-probabilities
 // computed once over the ranks) against one process accumulating 2 microbatches (3 steps), and
 // TP 2 (the ranks share the pairs) against one process (2 steps). Per-step losses and gradient
-// norms within 1e-5 relative, final parameters within 1e-5 of their scale. Skipped where mpirun is
-// absent.
+// norms within 1e-5 relative, final parameters within 1e-5 of their scale (TP: 5e-5, see below).
+// Skipped where mpirun is absent.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -53,15 +53,17 @@ TEST(DpoParallel, DdpFsdpAndTpTrainLikeOneProcess) {
   ASSERT_EQ(r.code, 0) << r.out;
   expect_same_training(dir + "/one_acc", dir + "/fsdp2", steps);
 
-  // TP sums each projection's partial products in another order. For the few elements whose
-  // gradient is near AdamW's eps the update is lr·g/(|g| + eps), where that rounding shows at
-  // its full relative size: up to 8.5e-6 of a tensor's scale here, under the 1e-5 bound.
+  // TP sums each projection's partial products in another order. DPO's gradients are small (each
+  // sequence's scaled by β·σ(−βh)/pairs), so more elements than in next-token training have a
+  // gradient near AdamW's eps, where the update lr·g/(|g| + eps) shows that rounding at its full
+  // relative size: 8.5e-6 of a tensor's scale in a Release build, 1.04e-5 under ASan. The
+  // losses and gradient norms stay within 1e-5; the parameters are held to 5e-5.
   r = sh(dpo(dir + "/one", 2));
   ASSERT_EQ(r.code, 0) << r.out;
   r = sh(mpirun(2) + dpo(dir + "/tp2", 2) +
          " --parallelism.data_parallel_shard_degree 1 --parallelism.tensor_parallel_degree 2");
   ASSERT_EQ(r.code, 0) << r.out;
-  expect_same_training(dir + "/one", dir + "/tp2", 2);
+  expect_same_training(dir + "/one", dir + "/tp2", 2, 5e-5);
 }
 
 }  // namespace
