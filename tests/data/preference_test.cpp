@@ -67,6 +67,22 @@ TEST(Preference, MalformedRecordsAreRefusedNamingTheRecord) {
             std::string::npos);
 }
 
+// trl.extract_prompt compares characters: a difference inside a UTF-8 character (é, è share
+// their first byte) ends the prompt before the character, as in Python.
+TEST(Preference, ImplicitPlainPromptEndsAtACharacter) {
+  const auto tok = make_tokenizer("byte");
+  const PreferencePair p = preference_pair(
+      json::parse(R"({"chosen": "caf\u00e9 au lait", "rejected": "caf\u00e8 noir"})"), *tok, "x");
+  std::vector<int32_t> caf;
+  tok->encode("caf", false, false, &caf);
+  EXPECT_EQ(p.prompt, caf);
+  const PreferencePair q =
+      preference_pair(json::parse(R"({"chosen": "say yes", "rejected": "say no"})"), *tok, "x");
+  std::vector<int32_t> say;
+  tok->encode("say", false, false, &say);
+  EXPECT_EQ(q.prompt, say);  // the space goes with the completions
+}
+
 TEST(Preference, LongPairsAreCutAsTrlMaxLengthAndPromptsFillingItLeftOut) {
   const std::string dir = titan::testing::fresh_temp_dir("preference");
   const std::string path = dir + "/pairs.jsonl";

@@ -106,14 +106,21 @@ PreferencePair preference_pair(const json& r, const Tokenizer& tok, const std::s
     if (r.contains("prompt")) {
       kind(r.at("prompt"), "prompt");
       p = r.at("prompt").get<std::string>();
-    } else {  // trl.extract_prompt on strings: the common prefix, not ending inside a space
+    } else {  // trl.extract_prompt on strings: the common prefix of characters (code points,
+              // not bytes), a space before the first difference going with the completions
+      const auto char_start = [&](size_t k) {  // back from a UTF-8 continuation byte
+        while (k > 0 && (static_cast<unsigned char>(c[k]) & 0xC0) == 0x80) --k;
+        return k;
+      };
       const size_t n = std::min(c.size(), j.size());
       size_t k = 0;
       while (k < n && c[k] == j[k]) ++k;
-      if (k == n && n > 0)
-        --k;  // no difference: TRL's loop stops at the last character
-      else if (k > 0 && c[k - 1] == ' ')
-        --k;  // the space goes with the completions
+      if (k < n) {
+        k = char_start(k);
+        if (k > 0 && c[k - 1] == ' ') --k;
+      } else if (n > 0) {
+        k = char_start(n - 1);  // no difference: TRL's loop stops at the last character
+      }
       p = c.substr(0, k);
       c.erase(0, k);
       j.erase(0, k);
