@@ -3,6 +3,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -84,6 +87,17 @@ inline std::string run_self_on_ranks(int np, const std::string& filter) {
   while (size_t k = fread(buf, 1, sizeof buf, f)) out.append(buf, k);
   const int status = pclose(f);
   return out + "rc=" + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + "\n";
+}
+
+// ||got − want|| / ||want|| over n values (the gradient comparisons against PEFT and TRL).
+inline double relative_l2(const float* got, const float* want, int64_t n) {
+  double dd = 0, rr = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    dd += d * d;
+    rr += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(dd) / std::max(std::sqrt(rr), 1e-12);
 }
 
 // A job on a tiny Qwen3 (2 layers, dim 32, 4/2 heads of 16, hidden 64, vocab 260 — room for the

@@ -136,13 +136,7 @@ TEST_P(LoraParity, LogitsLossAndAdapterGradientsMatchPeft) {
     for (int64_t d : t.shape) n *= d;
     std::vector<float> g(static_cast<size_t>(n));
     exp.read_f32("grad." + t.key, t.shape, g.data());
-    double dd = 0, rr = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = m->store().grads()[t.offset + i] - g[static_cast<size_t>(i)];
-      dd += d * d;
-      rr += static_cast<double>(g[static_cast<size_t>(i)]) * g[static_cast<size_t>(i)];
-    }
-    const double rel = std::sqrt(dd) / std::max(std::sqrt(rr), 1e-12);
+    const double rel = titan::testing::relative_l2(m->store().grads() + t.offset, g.data(), n);
     EXPECT_LE(rel, 1e-4) << t.key;
     worst = std::max(worst, rel);
     ++tensors;

@@ -95,13 +95,7 @@ TEST(Dpo, LogpsLossMetricsAndGradientsMatchTrl) {
       for (int64_t d : t.shape) n *= d;
       std::vector<float> g(static_cast<size_t>(n));
       exp.read_f32(t.key, t.shape, g.data());
-      double dd = 0, rr = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double d = policy->store().grads()[t.offset + i] - g[static_cast<size_t>(i)];
-        dd += d * d;
-        rr += static_cast<double>(g[static_cast<size_t>(i)]) * g[static_cast<size_t>(i)];
-      }
-      const double r = std::sqrt(dd) / std::max(std::sqrt(rr), 1e-12);
+      const double r = titan::testing::relative_l2(policy->store().grads() + t.offset, g.data(), n);
       EXPECT_LE(r, 1e-4) << c.loss_type << " " << t.key;
       worst = std::max(worst, r);
       ++tensors;

@@ -750,14 +750,12 @@ void Trainer::dpo_microbatches(StepResult& r) {
     const int64_t i = pair_order_->at(step_ * N + k);
     mine.push_back(pairs_[static_cast<size_t>(i)]);
     if (lora) {
+      struct AdaptersOff {  // on again however the pass ends
+        models::Model& m;
+        ~AdaptersOff() { m.set_adapters_enabled(true); }
+      } off{*model_};
       model_->set_adapters_enabled(false);
-      try {
-        ref.push_back(pair_logps(*model_, mine.back(), dpo_pad_to()));
-      } catch (...) {
-        model_->set_adapters_enabled(true);
-        throw;
-      }
-      model_->set_adapters_enabled(true);
+      ref.push_back(pair_logps(*model_, mine.back(), dpo_pad_to()));
     } else {
       ref.push_back(ref_logps_[static_cast<size_t>(i)]);
     }
@@ -790,18 +788,17 @@ void Trainer::dpo_microbatches(StepResult& r) {
 void Trainer::dpo_reference() {
   if (model_->frozen_base()) return;  // LoRA
   const std::string path = cfg_.dump_folder + "/dpo_reference/logps.bin";
+  // The pairs the run sees: positions 0 .. steps · N − 1, the first epoch in the file's order.
+  const int64_t N = grad_accum_ * cfg_.training.local_batch_size * dims_.batch();
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(pairs_.size()), cfg_.training.steps * N);
   if (step_ > 0) {
     ref_logps_ = load_reference_logps(path, pairs_);
-    const int64_t N = grad_accum_ * cfg_.training.local_batch_size * dims_.batch();
-    check(static_cast<int64_t>(ref_logps_.size()) >=
-              std::min<int64_t>(static_cast<int64_t>(pairs_.size()), cfg_.training.steps * N),
+    check(static_cast<int64_t>(ref_logps_.size()) >= n,
           path +
               " holds the reference of fewer pairs than this run trains on (training.steps "
               "or the batch grew); start again from step 0 in another dump_folder");
     return;
   }
-  const int64_t N = grad_accum_ * cfg_.training.local_batch_size * dims_.batch();
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(pairs_.size()), cfg_.training.steps * N);
   const double t0 = cpu::now_seconds();
   ref_logps_ = reference_logps(*model_, pairs_, n, mesh_.batch_rank, dims_.batch(), dpo_pad_to());
   mesh_.batch->all_reduce(reinterpret_cast<double*>(ref_logps_.data()), 2 * n);
