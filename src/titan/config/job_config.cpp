@@ -149,7 +149,11 @@ void ParallelismConfig::visit(const FieldVisitor& f) {
   f("disable_loss_parallel", &disable_loss_parallel,
     "tensor parallelism: gather the logits instead of a vocab-parallel loss");
   f("context_parallel_degree", &context_parallel_degree,
-    "context parallel degree (not implemented: 1)");
+    "context parallel degree (each sequence split over the CP ranks; attention across them)");
+  f("context_parallel_load_balancer", &context_parallel_load_balancer,
+    "context parallelism: how sequences split (headtail)");
+  f("context_parallel_rotate_method", &context_parallel_rotate_method,
+    "context parallelism: how keys and values travel (allgather)");
   f("pipeline_parallel_degree", &pipeline_parallel_degree,
     "pipeline parallel degree (not implemented: 1)");
   f("fsdp_reshard_after_forward", &fsdp_reshard_after_forward, "default, always or never");

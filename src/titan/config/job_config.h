@@ -169,6 +169,10 @@ struct ParallelismConfig {
   int64_t expert_parallel_degree = 1;
   int64_t context_parallel_degree = 1;
   int64_t pipeline_parallel_degree = 1;
+  // Context parallelism's split of each sequence (headtail: 2·cp chunks, rank r holding chunks r
+  // and 2·cp−1−r) and its exchange of keys and values (allgather).
+  std::string context_parallel_load_balancer = "headtail";
+  std::string context_parallel_rotate_method = "allgather";
   std::string fsdp_reshard_after_forward = "default";  // default | always | never
   // Under tensor parallelism: norms and residuals on sequence shards; the loss on vocab shards.
   bool enable_sequence_parallel = true;

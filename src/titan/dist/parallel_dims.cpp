@@ -59,17 +59,27 @@ ParallelDims ParallelDims::for_plan(const config::JobConfig& cfg) {
 
 ParallelDims ParallelDims::from_config(const config::JobConfig& cfg, int64_t world_size) {
   const ParallelDims d = layout(cfg, world_size);
-  const struct {
-    const char* name;
-    int64_t v;
-    const char* what;
-  } later[] = {{"context_parallel_degree", d.cp, "context parallelism"},
-               {"pipeline_parallel_degree", d.pp, "pipeline parallelism"}};
-  for (const auto& g : later)
-    check(g.v == 1, std::string("parallelism.") + g.name + " " + std::to_string(g.v) + ": " +
-                        g.what +
-                        " is not implemented yet for training; use data parallelism "
-                        "(data_parallel_shard_degree / data_parallel_replicate_degree)");
+  check(d.pp == 1, "parallelism.pipeline_parallel_degree " + std::to_string(d.pp) +
+                      ": pipeline parallelism is not implemented yet for training; use data "
+                      "parallelism (data_parallel_shard_degree / data_parallel_replicate_degree)");
+  if (d.cp > 1) {  // torchtitan: the sequence splits into 2·cp chunks (×tp under SP)
+    const int64_t div = 2 * d.cp * (d.sp ? d.tp : 1);
+    const int64_t seq = cfg.training.seq_len;
+    check(seq % div == 0,
+          "training.seq_len " + std::to_string(seq) + " must be divisible by " +
+              (d.sp ? "tp * 2 * cp = " : "2 * cp = ") + std::to_string(div) +
+              " (context parallelism's head-tail chunks" + (d.sp ? ", split again by sequence parallelism" : "") +
+              "); change training.seq_len or parallelism.context_parallel_degree");
+    const std::string& lb = cfg.parallelism.context_parallel_load_balancer;
+    check(lb == "headtail",
+          "parallelism.context_parallel_load_balancer '" + lb +
+              "': titan splits the sequence head-tail only (the default, 'headtail')");
+    const std::string& rot = cfg.parallelism.context_parallel_rotate_method;
+    check(rot == "allgather",
+          "parallelism.context_parallel_rotate_method '" + rot +
+              "': titan gathers the keys and values ('allgather', the default); the ring "
+              "rotation ('alltoall') is not implemented yet");
+  }
   // EP borrows whole tp groups (expert_tensor_parallel_degree 1: the experts are not split
   // over tp).
   check(d.tp == 1 || d.ep == 1 || d.ep % d.tp == 0,
@@ -91,6 +101,7 @@ std::string ParallelDims::describe() const {
       s = "HSDP " + std::to_string(dp_replicate) + "x" + std::to_string(dp_shard);
   }
   auto add = [&s](const std::string& part) { s += (s.empty() ? "" : " x ") + part; };
+  if (cp > 1) add("CP " + std::to_string(cp));
   if (tp > 1) add("TP " + std::to_string(tp) + (sp ? " (SP)" : ""));
   if (ep > 1) add("EP " + std::to_string(ep));
   return s.empty() ? "single process" : s;
@@ -98,23 +109,28 @@ std::string ParallelDims::describe() const {
 
 Meshes make_meshes(const ParallelDims& d, Communicator& world) {
   Meshes m;
-  // torchtitan's mesh order [dp_replicate, dp_shard, tp]: tp innermost (consecutive ranks).
-  const int tp = static_cast<int>(d.tp), r = world.rank(), t = r % tp, q = r / tp;
-  const int rep = static_cast<int>(q / d.dp_shard), shard = static_cast<int>(q % d.dp_shard);
+  // torchtitan's mesh order [dp_replicate, dp_shard, cp, tp]: tp innermost (consecutive ranks).
+  const int tp = static_cast<int>(d.tp), cp = static_cast<int>(d.cp), r = world.rank();
+  const int t = r % tp, q = r / tp, c = q % cp, data = q / cp;
+  const int rep = static_cast<int>(data / d.dp_shard), shard = static_cast<int>(data % d.dp_shard);
+  const int sc = shard * cp + c;  // this rank among the replica's dp_shard·cp (FSDP's ranks)
   m.batch = world.split(t, q);
-  m.fsdp = world.split(rep * tp + t, shard);
-  m.replicate = world.split(shard * tp + t, rep);
+  m.fsdp = world.split(rep * tp + t, sc);
+  m.replicate = world.split(sc * tp + t, rep);
   m.tp = world.split(q, t);
-  // EP borrows consecutive ranks of the replica's [dp_shard, tp] grid (torchtitan's
-  // dp_shard_in_ep × tp); efsdp joins the ranks of the grid at the same place of their ep group.
-  const int ep = static_cast<int>(d.ep), grid = static_cast<int>(d.dp_shard) * tp;
-  const int i = shard * tp + t;  // this rank in its replica's grid
+  m.cp = world.split(data * tp + t, c);
+  // EP borrows consecutive ranks of the replica's [dp_shard, cp, tp] grid (torchtitan's
+  // dp_shard_in_ep × cp × tp); efsdp joins the ranks of the grid at the same place of their ep
+  // group.
+  const int ep = static_cast<int>(d.ep), grid = static_cast<int>(d.dp_shard) * cp * tp;
+  const int i = sc * tp + t;  // this rank in its replica's grid
   m.ep = world.split(rep * (grid / ep) + i / ep, i % ep);
   m.efsdp = world.split(rep * ep + i % ep, i / ep);
-  m.batch_rank = q;
-  m.fsdp_rank = shard;
+  m.batch_rank = data;
+  m.fsdp_rank = sc;
   m.replicate_rank = rep;
   m.tp_rank = t;
+  m.cp_rank = c;
   return m;
 }
 

@@ -11,8 +11,12 @@
 //                                            sequence and loss parallelism), the same data read
 //                                            by all (train/tensor_parallel.h); FSDP/HSDP/DDP
 //                                            over the ranks of the same tp rank
-// Context and pipeline parallelism are validated as torchtitan does; training refuses them with
-// one line while they are not implemented.
+//   CP    cp ranks of the [dp_shard, cp] grid  each microbatch row's sequence split over them
+//                                            (head-tail chunks, models/context_parallel.h), the
+//                                            same data read by all; FSDP over dp_shard·cp
+//                                            (torchtitan's dp_shard_cp mesh)
+// Pipeline parallelism is validated as torchtitan does; training refuses it with one line while
+// it is not implemented.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -38,7 +42,8 @@ struct ParallelDims {
   static ParallelDims from_config(const config::JobConfig& cfg, int64_t world_size);
 
   int64_t batch() const { return dp_replicate * dp_shard; }  // ranks that read different data
-  bool sharded() const { return dp_shard > 1; }
+  // FSDP: the weights sharded over dp_shard·cp ranks (under CP even with dp_shard 1).
+  bool sharded() const { return fsdp() > 1; }
   int64_t fsdp() const { return dp_shard * cp; }  // the ranks sharing one replica's shards
   // The ranks sharing one expert's shards (torchtitan's efsdp mesh; EP borrows from
   // dp_shard·cp·tp).
@@ -47,9 +52,10 @@ struct ParallelDims {
   std::string describe() const;
 };
 
-// The groups of one rank in the layout: `batch` (every data-parallel rank: data, token counts,
-// loss), `fsdp` (the ranks sharing one replica's shards) and `replicate` (the ranks holding the
-// same shard in different replicas).
+// The groups of one rank in the layout: `batch` (every data-parallel rank and, under CP, the
+// ranks holding the other chunks of its rows: token counts, loss), `fsdp` (the ranks sharing one
+// replica's shards: dp_shard·cp) and `replicate` (the ranks holding the same shard in different
+// replicas). batch_rank: which data this rank reads (its index among dp_replicate·dp_shard).
 struct Meshes {
   // ep: the expert-parallel group (ep consecutive ranks of the replica's [dp_shard, tp] grid; a
   // group of one without EP).
@@ -57,8 +63,10 @@ struct Meshes {
   // without TP). batch, fsdp and replicate join the ranks of the same tp_rank.
   // efsdp: the ranks sharding the same experts under EP (torchtitan's efsdp mesh:
   // dp_shard·tp/ep ranks, the same place in their ep groups); unused without EP.
-  std::unique_ptr<Communicator> batch, fsdp, replicate, ep, tp, efsdp;
-  int64_t batch_rank = 0, fsdp_rank = 0, replicate_rank = 0, tp_rank = 0;
+  // cp: the ranks holding the chunks of the same rows (cp consecutive data indices of the
+  // [dp_shard, cp] grid at the same tp rank; a group of one without CP).
+  std::unique_ptr<Communicator> batch, fsdp, replicate, ep, tp, efsdp, cp;
+  int64_t batch_rank = 0, fsdp_rank = 0, replicate_rank = 0, tp_rank = 0, cp_rank = 0;
 };
 Meshes make_meshes(const ParallelDims& d, Communicator& world);
 

@@ -9,6 +9,7 @@
 
 #include "titan/config/job_config.h"
 #include "titan/config/module_tree.h"
+#include "titan/models/context_parallel.h"
 #include "titan/models/model.h"
 #include "titan/ops/experts_op.h"
 
@@ -17,7 +18,10 @@ namespace titan::models {
 // What to build: microbatch capacity and the init.
 struct BuildOptions {
   int64_t batch = 1;    // rows per microbatch
-  int64_t seq_len = 1;  // tokens per row
+  int64_t seq_len = 1;  // tokens per sequence
+  // Context parallelism: each microbatch row holds seq_len / cp tokens, this rank's chunks of
+  // its sequence (models/context_parallel.h); positions still run to seq_len.
+  int64_t cp = 1;
   int64_t loss_chunks = 8;
   bool init = true;  // seeded random init (off when weights are loaded right after)
   uint64_t seed = 0;
@@ -67,6 +71,9 @@ struct ModelSpec {
   // torchtitan's parallelize_<model>: a model built on a tensor-parallel slice (BuildOptions::tp)
   // gets its redistributions over the group's collectives; a no-op on a whole model.
   std::function<void(Model&, TpHooks*)> parallelize;
+  // torchtitan's apply_cp: attention of a model whose microbatch rows are this rank's chunks of
+  // the sequence, over the cp group (models/context_parallel.h). Empty: the model has none.
+  std::function<void(Model&, const ContextAttention&)> context_parallel;
 };
 
 // The spec registered under `name`; throws titan::Error listing the models there are.

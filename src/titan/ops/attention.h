@@ -7,6 +7,12 @@
 // Query head h reads kv head h / (Hq/Hkv) (HF repeat_kv). Key j is visible to query i of the same
 // row iff seg_start[i] <= j <= i, where seg_start[i] is the index (within the row) where i's
 // document begins: 0 for plain causal attention, the last position-0 token for block-causal.
+//
+// Context parallelism calls the same kernels on part of a row: the S queries are rows
+// [q0, q0 + S) of a sequence of Sk keys (k[B·Sk, Hkv, d], v likewise), key j visible to query i
+// iff seg_start[i] <= j <= q0 + i (seg_start indexes the keys); dk and dv are [B·Sk] rows and,
+// with accumulate, the backward adds into them. The defaults (Sk = 0: S; q0 = 0) are the plain
+// case above.
 #pragma once
 #include <cstdint>
 
@@ -16,6 +22,9 @@ struct AttnShape {
   int64_t B, S, Hq, Hkv, d;
   float scale;  // usually d^-0.5
   int64_t ldq, ldk, ldv;
+  int64_t Sk = 0, q0 = 0;   // keys per row (0: S) and the first query's index among them
+  bool accumulate = false;  // attention_bwd adds into dk and dv
+  int64_t keys() const { return Sk ? Sk : S; }
 };
 
 // seg_start[B·S] from per-token positions (restarting at 0 at each document) when block_causal,

@@ -150,7 +150,7 @@ Trainer::Trainer(const config::JobConfig& cfg, std::vector<std::string> docs) : 
   if (cfg_.dpo.enable) dpo_reference();
   first_step_ = step_;
   const int64_t step_tokens = grad_accum_ * t.local_batch_size * t.seq_len;
-  input_.resize(step_tokens);
+  input_.resize(step_tokens);  // whole rows as read; under CP split in place to this rank's
   labels_.resize(step_tokens);
   positions_.resize(step_tokens);
 
@@ -239,6 +239,22 @@ void Trainer::setup_parallelism() {
               "does not apply to LoRA: its frozen base is already kept as the bf16 copy "
               "under training.mixed_precision_param bfloat16; set training.dtype float32");
   }
+  if (dims_.cp > 1) {
+    const std::string what =
+        "parallelism.context_parallel_degree " + std::to_string(dims_.cp) + ": ";
+    check(dev.host, what + "context parallelism runs on the CPU only (training.device " + device +
+                        ")");
+    check(static_cast<bool>(models::model_spec(cfg_.model.name).context_parallel),
+          what + "model " + cfg_.model.name + " has no context-parallel attention");
+    check(!cfg_.dpo.enable, what +
+                                "DPO's rows are single completions of varying length; train DPO "
+                                "with data parallelism");
+    check(!cfg_.validator.enable,
+          what + "the validator does not split its sequences yet; turn validator.enable off");
+    check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
+          what + "LoRA with context parallelism is not implemented; train the adapters with "
+                 "data parallelism");
+  }
   mesh_ = dist::make_meshes(dims_, dist::world());
   // On a device the gradients, parameters, dispatched rows and activations move over its own
   // collectives (NCCL on GPUs).
@@ -260,6 +276,7 @@ models::BuildOptions Trainer::build_options() const {
   models::BuildOptions bo;
   bo.batch = t.local_batch_size;
   bo.seq_len = t.seq_len;
+  bo.cp = dims_.cp;
   bo.loss_chunks = cfg_.loss.num_chunks;
   bo.seed = cfg_.debug.seed >= 0 ? static_cast<uint64_t>(cfg_.debug.seed) : 0;
   bo.ac = models::AcPolicy::from_config(cfg_.activation_checkpoint.mode,
@@ -395,6 +412,11 @@ void Trainer::build_model(const models::Model& shape, models::BuildOptions bo,
   if (dims_.tp > 1) {
     tp_ = std::make_unique<parallel::TensorParallel>(*mesh_.tp, tp_data_.get(), backend.memory());
     models::model_spec(cfg_.model.name).parallelize(*model_, tp_.get());
+  }
+  if (dims_.cp > 1) {  // attention across the chunks of each row (models/context_parallel.h)
+    cp_ = std::make_unique<parallel::ContextParallel>(*mesh_.cp);
+    models::model_spec(cfg_.model.name)
+        .context_parallel(*model_, models::ContextAttention(cp_->slice(), cp_.get()));
   }
   const bool lora = model_->frozen_base() != nullptr;
   check(!lora || !dims_.sharded(),
@@ -684,9 +706,19 @@ void Trainer::text_microbatches(StepResult& r) {
               *pos = mine ? positions_.data() + a * mb_tokens : skip_.data() + 2 * mb_tokens;
       loader_->next(in, lab, pos);
     }
+  // Context parallelism: each microbatch's rows cut to this rank's chunks, packed at the front
+  // (microbatch a at a·mb_local).
+  const int64_t seq = t.seq_len / dims_.cp, mb_local = t.local_batch_size * seq;
+  if (cp_)
+    for (int64_t a = 0; a < grad_accum_; ++a)
+      for (Buffer<int32_t>* v : {&input_, &labels_, &positions_}) {
+        cp_rows_.assign(v->data() + a * mb_tokens, v->data() + (a + 1) * mb_tokens);
+        parallel::split_rows(cp_rows_.data(), t.local_batch_size, t.seq_len, cp_->slice(),
+                             v->data() + a * mb_local);
+      }
   data_time_ = cpu::now_seconds() - t0;
   int64_t valid = 0;
-  for (int64_t i = 0; i < grad_accum_ * mb_tokens; ++i) valid += labels_[i] != ops::kIgnoreIndex;
+  for (int64_t i = 0; i < grad_accum_ * mb_local; ++i) valid += labels_[i] != ops::kIgnoreIndex;
   mesh_.batch->all_reduce(&valid, 1);  // torchtitan: the global valid-token count, before forward
   r.valid_tokens = valid;
   const float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
@@ -699,8 +731,8 @@ void Trainer::text_microbatches(StepResult& r) {
   const float aux_weight = 1.0f / static_cast<float>(microbatches);
   const models::RoutingStats* routing = model_->routing();
   for (int64_t a = 0; a < grad_accum_; ++a) {
-    models::Batch b{t.local_batch_size, t.seq_len, input_.data() + a * mb_tokens,
-                    labels_.data() + a * mb_tokens, positions_.data() + a * mb_tokens};
+    models::Batch b{t.local_batch_size, seq, input_.data() + a * mb_local,
+                    labels_.data() + a * mb_local, positions_.data() + a * mb_local};
     loss_sum += model_->forward_backward(b, scale, aux_weight).sum;
     if (routing) aux_sum += routing->last_aux_loss();
   }
@@ -708,8 +740,8 @@ void Trainer::text_microbatches(StepResult& r) {
   mesh_.batch->all_reduce(&loss_sum, 1);
   tokens_seen_ += grad_accum_ * mb_tokens * dims_.batch();
   r.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
-  reduce_routing(r, aux_sum, microbatches);
-  r.tokens = grad_accum_ * mb_tokens;
+  reduce_routing(r, aux_sum, microbatches * dims_.cp);  // the cp ranks of a row agree on it
+  r.tokens = grad_accum_ * mb_local;
 }
 
 // MoE: the step's auxiliary loss (the mean of aux_sum, this rank's per-pass values, over the

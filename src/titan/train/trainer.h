@@ -22,6 +22,7 @@
 #include "titan/optim/kernels.h"
 #include "titan/optim/lr_schedule.h"
 #include "titan/optim/state.h"
+#include "titan/parallel/context_parallel.h"
 #include "titan/parallel/expert_parallel.h"
 #include "titan/parallel/fsdp.h"
 #include "titan/parallel/tensor_parallel.h"
@@ -117,6 +118,8 @@ class Trainer {
   // seconds in the TP collectives; the replicated parameters' ranges in the optimizer's buffer
   // (the shard under FSDP), which the gradient norm counts once, not once per tp rank.
   std::unique_ptr<parallel::TensorParallel> tp_;
+  std::unique_ptr<parallel::ContextParallel> cp_;
+  std::vector<int32_t> cp_rows_;  // context parallelism: a microbatch's rows before the split
   // Parallelism on a device: the replicate, fsdp, efsdp, ep and tp groups over its memory (NCCL
   // on GPUs; dist/device_group.h), for the gradients, parameters, dispatched rows and
   // activations (the host groups keep the scalars: token counts, losses, norms, expert counts).

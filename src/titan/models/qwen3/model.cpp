@@ -58,12 +58,13 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, Qwen3Options opt)
       max_tokens_(opt.max_batch * opt.max_seq),
       max_batch_(opt.max_batch),
       max_seq_(opt.max_seq),
+      max_positions_(opt.max_positions > 0 ? opt.max_positions : opt.max_seq),
       rope_ops_(std::move(opt.rope_ops)),
       experts_ops_(std::move(opt.experts_ops)) {
   hf_ = std::make_unique<Qwen3StateDictAdapter>(*this);
   ac_ = opt.ac;
   a_.validate();
-  check(max_seq_ <= a_.max_seq_len, "training.seq_len " + std::to_string(max_seq_) +
+  check(max_positions_ <= a_.max_seq_len, "training.seq_len " + std::to_string(max_positions_) +
                                         " exceeds the model's maximum context length " +
                                         std::to_string(a_.max_seq_len) +
                                         " (model.max_seq_len); lower training.seq_len");
@@ -163,8 +164,8 @@ void Qwen3Model::set_up_ops(bool allocate) {
     check(op.device == be_.device, "RoPE op '" + op.name + "' runs on " + op.device +
                                        ", this model computes on " + be_.device);
   if (allocate) {
-    rope_.resize(max_seq_ * d, mem_);
-    be_.rope_table(max_seq_, d, a_.rope_theta, rope_.data());
+    rope_.resize(max_positions_ * d, mem_);
+    be_.rope_table(max_positions_, d, a_.rope_theta, rope_.data());
   }
   const int64_t n_moe = static_cast<int64_t>(load_.size());
   if (n_moe > 0) {
@@ -493,7 +494,7 @@ void Qwen3Model::layer_forward(int64_t l, const Batch& b, float* out, bool count
     }
     be_.attention_cached(s.qr, Q, kp, vp, c.n_keys, KV, T, Hq, Hkv, d, as.scale, s.o);
   } else {
-    be_.attention_fwd(as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
+    cp_.forward(be_, as, s.qr, s.kr, s.qkv + Q + KV, seg_.data(), s.o, s.lse, attn_scratch_);
   }
   linear(s.o, w.wo, tmp_, T, Q, D);
   be_.add(s.x, reduce_.forward(tmp_, tp_buf_, T), s.hmid, Tl * D);
@@ -640,8 +641,8 @@ void Qwen3Model::layer_backward(int64_t l, const Batch& b) {
   be_.add_inplace(dx_, tmp_, Tl * D);
   // hmid = x + wo·attention(rope(q_norm(q)), rope(k_norm(k)), v)
   linear_back(reduce_.backward(dx_, tp_buf_, T), s.o, w.wo, do_, T, Q, D);
-  be_.attention_bwd(as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
-                    dqkv_ + Q + KV, delta_, attn_scratch_);
+  cp_.backward(be_, as, s.qr, s.kr, s.qkv + Q + KV, s.o, s.lse, do_, seg_.data(), dq_, dkr_,
+               dqkv_ + Q + KV, delta_, attn_scratch_);
   call_rope(l, false, dq_, b, Hq, Q);
   call_rope(l, false, dkr_, b, Hkv, KV);
   be_.rmsnorm_bwd(qrows, dq_, s.qkv, P + w.q_norm, s.rstd_q, dqkv_, norm_grad(w.q_norm, 2 * D),
@@ -670,11 +671,12 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
             std::to_string(max_seq_));
   store_->sync_device();
   const Batch b = device_batch(hb);  // checked first: it fills slots of max_tokens_
-  if (const int64_t bad = be_.first_bad_position(b.positions, b.B * b.S, max_seq_); bad >= 0) {
+  if (const int64_t bad = be_.first_bad_position(b.positions, b.B * b.S, max_positions_);
+      bad >= 0) {
     int32_t pos = 0;
     be_.copy(&pos, b.positions + bad, sizeof pos);
     throw Error("position " + std::to_string(pos) + " is outside the RoPE table of " +
-                std::to_string(max_seq_));
+                std::to_string(max_positions_));
   }
   const int64_t T = b.B * b.S, Tl = local_tokens(T), D = a_.dim, V = a_.vocab_size;
   const float* P = store_->weights();
@@ -688,7 +690,7 @@ ops::LossSum Qwen3Model::run(const Batch& hb, float grad_scale, float aux_weight
               std::to_string(tp_.size));
     check(!logits_out, "all logits of a tensor-parallel model are not formed on one rank");
   }
-  be_.attention_segments(b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
+  cp_.segments(be_, b.positions, b.B, b.S, a_.attn_mask_type == "block_causal", seg_.data());
 
   // ---------------- forward
   const bool aux = a_.router_aux_loss && !load_.empty();
@@ -1051,9 +1053,14 @@ void Qwen3Model::aux_finish(int64_t T, bool backward, float aux_weight) {
     tp_hooks_->all_reduce_f64(aux_hits_.data(), E);
     tp_hooks_->all_reduce_f64(aux_psum_.data(), E);
   }
+  if (cp_.active()) {  // the same over the sequence's chunks
+    cp_.hooks()->all_reduce_f64(aux_hits_.data(), E);
+    cp_.hooks()->all_reduce_f64(aux_psum_.data(), E);
+  }
   const std::vector<double>& hits = aux_hits_;
   const std::vector<double>& psum = aux_psum_;
-  const double N = static_cast<double>(load_.size()) * static_cast<double>(T);
+  const double N = static_cast<double>(load_.size()) * static_cast<double>(T) *
+                   static_cast<double>(cp_.slice().size);
   double aux = 0;
   for (int64_t e = 0; e < E; ++e)
     aux += (hits[static_cast<size_t>(e)] / N) * (psum[static_cast<size_t>(e)] / N);

@@ -47,6 +47,7 @@
 #include "titan/core/buffer.h"
 #include "titan/core/dtype.h"
 #include "titan/core/error.h"
+#include "titan/models/context_parallel.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/models/redistribute.h"
@@ -66,6 +67,9 @@ class Qwen3StateDictAdapter;
 // What to build besides the architecture.
 struct Qwen3Options {
   int64_t max_batch = 1, max_seq = 1;  // microbatch capacity (rows × tokens per row)
+  // Positions the RoPE table covers (0: max_seq); more under context parallelism, whose rows are
+  // chunks of longer sequences (models/context_parallel.h).
+  int64_t max_positions = 0;
   int64_t loss_chunks = 8;             // the lm_head + loss runs in this many row chunks
   // The RoPE kernel pair of each layer (from the module tree and its overrides); empty: the
   // built-in cos/sin RoPE everywhere.
@@ -112,6 +116,10 @@ class Qwen3Model final : public models::Model,
   models::TpSlice tp_slice() const override { return tp_; }
   // parallelize.h: the group's collectives and the redistributions over them.
   void set_tp_group(models::TpHooks* h, const models::TpRegion& region);
+  // Context parallelism (models/context_parallel.h): the microbatch rows are this rank's chunks
+  // of the sequence; attention sees the whole sequence through the group's collectives, and the
+  // MoE auxiliary loss's statistics are summed over it.
+  void set_cp_group(const models::ContextAttention& cp) { cp_ = cp; }
   int64_t vocab_size() const override { return a_.vocab_size; }
 
   // torchtitan/HF init: Linear and untied embedding weights ~ N(0, 0.02), norms 1. Each tensor
@@ -276,6 +284,7 @@ class Qwen3Model final : public models::Model,
   models::TpHooks* tp_hooks_ = nullptr;
   models::GatherSequence gather_;
   models::ReducePartial reduce_;
+  models::ContextAttention cp_;
   // This slice's sizes (the whole model's without tensor parallelism): heads, projection widths,
   // feed-forward and experts' hidden units, vocabulary rows [v0_, v0_ + vl_).
   int64_t hq_ = 0, hkv_ = 0, q_ = 0, kv_ = 0, qkv_ = 0, f_ = 0, fm_ = 0, v0_ = 0, vl_ = 0;
@@ -295,7 +304,7 @@ class Qwen3Model final : public models::Model,
   // The gradient of the parameter at offset `off`, or null when frozen.
   float* grad_at(int64_t off) { return store_->grad_at(off); }
   uint16_t* lin_scratch_ = nullptr;  // bf16 GEMM operands of linear / linear_back
-  int64_t max_tokens_, max_batch_, max_seq_, loss_chunk_rows_;
+  int64_t max_tokens_, max_batch_, max_seq_, max_positions_, loss_chunk_rows_;
   std::vector<ParamInfo> params_;
   std::optional<models::ParamStore> store_;  // made once the layout is known
   std::unique_ptr<Qwen3StateDictAdapter> hf_;

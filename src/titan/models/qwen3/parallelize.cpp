@@ -108,4 +108,11 @@ void parallelize(models::Model& model, models::TpHooks* tp) {
   m->set_tp_group(tp, models::TpRegion{tp, s.size, s.sequence_parallel, m->args().dim});
 }
 
+void context_parallel(models::Model& model, const models::ContextAttention& cp) {
+  auto* m = dynamic_cast<Qwen3Model*>(&model);
+  check(m != nullptr && cp.hooks() != nullptr,
+        "Qwen3's context parallelism applies to a Qwen3 model, with its group's collectives");
+  m->set_cp_group(cp);
+}
+
 }  // namespace titan::qwen3

@@ -8,6 +8,7 @@
 #pragma once
 #include <string>
 
+#include "titan/models/context_parallel.h"
 #include "titan/models/model.h"
 #include "titan/models/qwen3/args.h"
 #include "titan/models/tensor_parallel.h"
@@ -46,5 +47,7 @@ SliceWidths slice_widths(const Qwen3Args& a, const models::TpSlice& tp);
 // torchtitan's parallelize_qwen3 for a model built on a tp slice: its redistributions over the
 // group's collectives. A no-op on a whole model.
 void parallelize(models::Model& model, models::TpHooks* tp);
+// torchtitan's apply_cp: attention over the cp group (models/context_parallel.h).
+void context_parallel(models::Model& model, const models::ContextAttention& cp);
 
 }  // namespace titan::qwen3

@@ -88,7 +88,9 @@ void validate(const config::JobConfig& c) {
   check_parallel_layout(
       a,
       {c.parallelism.tensor_parallel_degree, c.parallelism.expert_parallel_degree,
-       c.parallelism.enable_sequence_parallel, c.training.local_batch_size * seq_len},
+       c.parallelism.enable_sequence_parallel,
+       c.training.local_batch_size * seq_len /
+           std::max<int64_t>(1, c.parallelism.context_parallel_degree)},
       source);
 }
 
@@ -141,17 +143,19 @@ models::ModelSpec model_spec() {
                            ops::device(o.device).host ? o.bytes_hold : "parameters",
                            cpu::total_memory_bytes(), model_source(c));
     const DType compute = c.training.mixed_precision_param == "bfloat16" ? DType::BF16 : DType::F32;
-    auto experts = experts_plan(tree, a, o.batch * o.seq_len, compute, o.log_overrides,
+    const int64_t rows = o.seq_len / o.cp;  // tokens per microbatch row
+    auto experts = experts_plan(tree, a, o.batch * rows, compute, o.log_overrides,
                                 plugin::Registry::global(), o.device);
     if (o.wrap_experts)
       for (auto& op : experts)
         if (op.forward) {
           op = o.wrap_experts(std::move(op));
           if (op.check)
-            op.check({o.batch * o.seq_len, a.dim, a.moe_hidden_dim, a.num_experts, a.top_k});
+            op.check({o.batch * rows, a.dim, a.moe_hidden_dim, a.num_experts, a.top_k});
         }
     Qwen3Options m;
-    m.max_batch = o.batch, m.max_seq = o.seq_len, m.loss_chunks = o.loss_chunks;
+    m.max_batch = o.batch, m.max_seq = rows, m.max_positions = o.seq_len;
+    m.loss_chunks = o.loss_chunks;
     m.rope_ops = rope_plan(tree, a, o.seq_len, plugin::Registry::global(), o.device);
     m.experts_ops = std::move(experts);
     m.allocate = o.allocate, m.ac = o.ac, m.compute = compute, m.trainable = o.trainable;
@@ -160,6 +164,7 @@ models::ModelSpec model_spec() {
     return std::make_unique<Qwen3Model>(a, std::move(m));
   };
   s.parallelize = parallelize;
+  s.context_parallel = context_parallel;
   return s;
 }
 

@@ -117,12 +117,13 @@ inline float exp_row(float* s, float m, int64_t n) {
 
 // Fills the [nr, kBc] score tile st = (qs · kᵀ) with the mask applied (-inf where hidden).
 // q rows are already scaled; kt points at the tile's first column of the transposed keys
-// (row stride ldk). Rows i0.., keys j0.. within one sequence.
+// (row stride ldk). Rows i0.., keys j0.. within one sequence; query i is key q0 + i.
 void masked_scores(const float* qs, int64_t ldqs, const float* kt, int64_t ldk, int64_t i0,
-                   int64_t nr, int64_t j0, int64_t nc, int64_t d, const int32_t* seg, float* st) {
+                   int64_t nr, int64_t j0, int64_t nc, int64_t d, const int32_t* seg, int64_t q0,
+                   float* st) {
   tile_abt(qs, ldqs, kt, ldk, nr, d, st);
   for (int64_t i = 0; i < nr; ++i) {
-    const int64_t qi = i0 + i, lo = seg[qi];
+    const int64_t qi = q0 + i0 + i, lo = seg[i0 + i];
     float* row = st + i * kBc;
     for (int64_t j = 0; j < kBc; ++j) {
       const int64_t kj = j0 + j;
@@ -193,12 +194,13 @@ void transpose_heads(const float* x, int64_t ldx, int64_t B, int64_t S, int64_t 
     }
 }
 
-// Key-tile range [kb0, kb1) that query rows [i0, i1) can see.
-inline void key_tiles(const int32_t* seg, int64_t i0, int64_t i1, int64_t* kb0, int64_t* kb1) {
+// Key-tile range [kb0, kb1) that query rows [i0, i1) (keys q0 + i0 .. q0 + i1 - 1) can see.
+inline void key_tiles(const int32_t* seg, int64_t q0, int64_t i0, int64_t i1, int64_t* kb0,
+                      int64_t* kb1) {
   int64_t lo = seg[i0];
   for (int64_t i = i0; i < i1; ++i) lo = std::min<int64_t>(lo, seg[i]);
   *kb0 = lo / kBc;
-  *kb1 = (i1 - 1) / kBc + 1;
+  *kb1 = (q0 + i1 - 1) / kBc + 1;
 }
 
 }  // namespace
@@ -215,7 +217,7 @@ void attention_segments(const int32_t* positions, int64_t B, int64_t S, bool blo
 }
 
 namespace {
-int64_t padded_seq(const AttnShape& s) { return (s.S + kBc - 1) / kBc * kBc; }
+int64_t padded_seq(const AttnShape& s) { return (s.keys() + kBc - 1) / kBc * kBc; }
 // Per thread: qs[Br,d] + st[Br,Bc] + dp[Br,Bc] + acc[Br,d] + m[Br] + l[Br] (+ alignment slack)
 int64_t per_thread(const AttnShape& s) { return 2 * kBr * s.d + 2 * kBr * kBc + 2 * kBr + 64; }
 }  // namespace
@@ -227,9 +229,10 @@ int64_t attention_workspace(const AttnShape& s) {
 void attention_fwd(const AttnShape& s, const float* q, const float* k, const float* v,
                    const int32_t* seg_start, float* o, float* lse, float* workspace) {
   const int64_t nqt = (s.S + kBr - 1) / kBr, group = s.Hq / s.Hkv, d = s.d, Sp = padded_seq(s);
+  const int64_t Sk = s.keys();
   float* kT = workspace;  // [B, Hkv, d, Sp]
   float* thread_base = workspace + 2 * s.B * s.Hkv * d * Sp;
-  transpose_heads(k, s.ldk, s.B, s.S, s.Hkv, d, Sp, kT);
+  transpose_heads(k, s.ldk, s.B, Sk, s.Hkv, d, Sp, kT);
 #pragma omp parallel
   {
     float* qs = thread_base + omp_get_thread_num() * per_thread(s);
@@ -251,13 +254,13 @@ void attention_fwd(const AttnShape& s, const float* q, const float* k, const flo
         l[i] = 0.f;
       }
       int64_t kb0, kb1;
-      key_tiles(seg, i0, i1, &kb0, &kb1);
+      key_tiles(seg, s.q0, i0, i1, &kb0, &kb1);
       const float* kth = kT + (b * s.Hkv + kvh) * d * Sp;
       for (int64_t kb = kb0; kb < kb1; ++kb) {
-        const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
-        masked_scores(qs, d, kth + j0, Sp, i0, nr, j0, nc, d, seg, st);
+        const int64_t j0 = kb * kBc, nc = std::min(Sk, j0 + kBc) - j0;
+        masked_scores(qs, d, kth + j0, Sp, i0, nr, j0, nc, d, seg, s.q0, st);
         online_softmax_tile(st, nr, m, l, acc, d);
-        tile_pb(st, v + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, nr, nc, d, acc, d);
+        tile_pb(st, v + (b * Sk + j0) * s.ldv + kvh * d, s.ldv, nr, nc, d, acc, d);
       }
       for (int64_t i = 0; i < nr; ++i) {
         float* dst = o + (b * s.S + i0 + i) * (s.Hq * d) + h * d;
@@ -273,12 +276,12 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
                    const float* o, const float* lse, const float* dout, const int32_t* seg_start,
                    float* dq, float* dk, float* dv, float* delta, float* workspace) {
   const int64_t d = s.d, group = s.Hq / s.Hkv, ldo = s.Hq * d, Sp = padded_seq(s);
-  const int64_t nqt = (s.S + kBr - 1) / kBr, nkt = (s.S + kBc - 1) / kBc;
+  const int64_t Sk = s.keys(), nqt = (s.S + kBr - 1) / kBr, nkt = (Sk + kBc - 1) / kBc;
   float* kT = workspace;                  // [B, Hkv, d, Sp]
   float* vT = kT + s.B * s.Hkv * d * Sp;  // [B, Hkv, d, Sp]
   float* thread_base = vT + s.B * s.Hkv * d * Sp;
-  transpose_heads(k, s.ldk, s.B, s.S, s.Hkv, d, Sp, kT);
-  transpose_heads(v, s.ldv, s.B, s.S, s.Hkv, d, Sp, vT);
+  transpose_heads(k, s.ldk, s.B, Sk, s.Hkv, d, Sp, kT);
+  transpose_heads(v, s.ldv, s.B, Sk, s.Hkv, d, Sp, vT);
 
   // delta[b,h,i] = Σ_c dout·o  (the softmax backward's row term).
 #pragma omp parallel for schedule(static)
@@ -294,7 +297,7 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
     const int64_t kvh = h / group;
     const float* kth = kT + (b * s.Hkv + kvh) * d * Sp + j0;
     const float* vth = vT + (b * s.Hkv + kvh) * d * Sp + j0;
-    masked_scores(qs, d, kth, Sp, i0, nr, j0, nc, d, seg_start + b * s.S, st);
+    masked_scores(qs, d, kth, Sp, i0, nr, j0, nc, d, seg_start + b * s.S, s.q0, st);
     tile_abt(dout + (b * s.S + i0) * ldo + h * d, ldo, vth, Sp, nr, d, dp);
     const int64_t row = (b * s.Hq + h) * s.S + i0;
     softmax_grad_tile(st, dp, nr, lse + row, delta + row, s.scale);
@@ -320,11 +323,11 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
       for (int64_t i = 0; i < nr; ++i) std::fill_n(dqt + i * ldo, d, 0.f);
       load_qs(b, h, i0, nr, qs);
       int64_t kb0, kb1;
-      key_tiles(seg_start + b * s.S, i0, i0 + nr, &kb0, &kb1);
+      key_tiles(seg_start + b * s.S, s.q0, i0, i0 + nr, &kb0, &kb1);
       for (int64_t kb = kb0; kb < kb1; ++kb) {
-        const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
+        const int64_t j0 = kb * kBc, nc = std::min(Sk, j0 + kBc) - j0;
         tile_grads(b, h, i0, nr, j0, nc, qs, st, dp);
-        tile_pb(dp, k + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, nr, nc, d, dqt, ldo);
+        tile_pb(dp, k + (b * Sk + j0) * s.ldk + kvh * d, s.ldk, nr, nc, d, dqt, ldo);
       }
     }
   }
@@ -338,25 +341,27 @@ void attention_bwd(const AttnShape& s, const float* q, const float* k, const flo
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.Hkv * nkt; ++task) {
       const int64_t b = task / (s.Hkv * nkt), g = (task / nkt) % s.Hkv, kb = task % nkt;
-      const int64_t j0 = kb * kBc, nc = std::min(s.S, j0 + kBc) - j0;
+      const int64_t j0 = kb * kBc, nc = std::min(Sk, j0 + kBc) - j0;
       const int32_t* seg = seg_start + b * s.S;
-      float* dkt = dk + (b * s.S + j0) * s.ldk + g * d;
-      float* dvt = dv + (b * s.S + j0) * s.ldv + g * d;
-      for (int64_t j = 0; j < nc; ++j) {
+      float* dkt = dk + (b * Sk + j0) * s.ldk + g * d;
+      float* dvt = dv + (b * Sk + j0) * s.ldv + g * d;
+      for (int64_t j = 0; !s.accumulate && j < nc; ++j) {
         std::fill_n(dkt + j * s.ldk, d, 0.f);
         std::fill_n(dvt + j * s.ldv, d, 0.f);
       }
-      // Query tiles that may see keys [j0, j0+nc): from the first query >= j0 up to the last
-      // query whose segment starts at or before the tile's last key (segment starts only grow).
+      // Query tiles that may see keys [j0, j0+nc): from the first query >= j0 (key q0 + i) up
+      // to the last query whose segment starts at or before the tile's last key (segment starts
+      // only grow).
+      const int64_t qt0 = std::max<int64_t>(0, j0 - s.q0) / kBr;
       int64_t qt_end = nqt;
-      for (int64_t qt = j0 / kBr; qt < nqt; ++qt) {
+      for (int64_t qt = qt0; qt < nqt; ++qt) {
         if (seg[qt * kBr] > j0 + nc - 1) {
           qt_end = qt;
           break;
         }
       }
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        for (int64_t qt = j0 / kBr; qt < qt_end; ++qt) {
+        for (int64_t qt = qt0; qt < qt_end; ++qt) {
           const int64_t i0 = qt * kBr, nr = std::min(s.S, i0 + kBr) - i0;
           load_qs(b, h, i0, nr, qs);
           tile_grads(b, h, i0, nr, j0, nc, qs, st, dp);

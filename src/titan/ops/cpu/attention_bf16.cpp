@@ -49,18 +49,19 @@ struct Work {
   float *s, *dp, *rowmax;
 };
 Work carve(const AttnShape& s, float* ws) {
-  const int64_t T = s.B * s.S, Hq = s.Hq * s.d, Hk = s.Hkv * s.d;
+  const int64_t T = s.B * s.S, Tk = s.B * s.keys(), Sk = s.keys(), Hq = s.Hq * s.d,
+                Hk = s.Hkv * s.d;
   auto even = [](int64_t n) { return (n + 31) / 32 * 32; };  // bf16 counts, 64-byte multiples
   Work w;
   w.q = reinterpret_cast<uint16_t*>(ws);
   w.k = w.q + even(T * Hq);
-  w.v = w.k + even(T * Hk);
-  w.dout = w.v + even(T * Hk);
+  w.v = w.k + even(Tk * Hk);
+  w.dout = w.v + even(Tk * Hk);
   w.pb = w.dout + even(T * Hq);
-  w.dsb = w.pb + even(kBq * s.S);
-  w.s = reinterpret_cast<float*>(w.dsb + even(kBq * s.S));
-  w.dp = w.s + kBq * s.S;
-  w.rowmax = w.dp + kBq * s.S;
+  w.dsb = w.pb + even(kBq * Sk);
+  w.s = reinterpret_cast<float*>(w.dsb + even(kBq * Sk));
+  w.dp = w.s + kBq * Sk;
+  w.rowmax = w.dp + kBq * Sk;
   return w;
 }
 
@@ -73,8 +74,8 @@ int64_t first_key(const int32_t* seg, int64_t i0, int64_t i1) {
   return lo / kBq * kBq;
 }
 
-// Scales row i of the score block, masks what query i0+i may not see (key j0+j visible iff
-// seg[i0+i] <= j0+j <= i0+i), and returns the row's max (−inf when nothing is visible).
+// Scales row i of the score block, masks what query i0+i (key qi = q0+i0+i) may not see (key
+// j0+j visible iff seg[i0+i] <= j0+j <= qi), and returns the row's max (−inf when nothing is visible).
 TITAN_CLONES float mask_scale_row(float* row, int64_t N, int64_t j0, int64_t qi, int64_t lo,
                                   float scale) {
   float mx = kNegInf;
@@ -106,7 +107,8 @@ TITAN_CLONES void softmax_grad_row(float* p, float* g, int64_t N, float lse, flo
 }
 
 // Calls fn(b, h, kvh, seg, i0, nr, j0, N) for every (batch row, query head, block of kBq queries
-// [i0, i0 + nr)) with its key range [j0, j0 + N), in a fixed order.
+// [i0, i0 + nr)) with its key range [j0, j0 + N) (N reaching key q0 + i0 + nr − 1), in a fixed
+// order.
 template <typename Fn>
 void for_each_block(const AttnShape& s, const int32_t* seg_start, Fn&& fn) {
   for (int64_t b = 0; b < s.B; ++b) {
@@ -114,7 +116,7 @@ void for_each_block(const AttnShape& s, const int32_t* seg_start, Fn&& fn) {
     for (int64_t h = 0; h < s.Hq; ++h)
       for (int64_t i0 = 0; i0 < s.S; i0 += kBq) {
         const int64_t i1 = std::min(s.S, i0 + kBq), j0 = first_key(seg, i0, i1);
-        fn(b, h, h / (s.Hq / s.Hkv), seg, i0, i1 - i0, j0, i1 - j0);
+        fn(b, h, h / (s.Hq / s.Hkv), seg, i0, i1 - i0, j0, s.q0 + i1 - j0);
       }
   }
 }
@@ -124,29 +126,29 @@ void scores(const AttnShape& s, const Work& w, const int32_t* seg, int64_t b, in
             int64_t nr, int64_t j0, int64_t N, float* rowmax) {
   const int64_t ldq = s.Hq * s.d, ldk = s.Hkv * s.d, kvh = h / (s.Hq / s.Hkv);
   gemm_bf16(false, true, nr, N, s.d, w.q + (b * s.S + i0) * ldq + h * s.d, ldq,
-            w.k + (b * s.S + j0) * ldk + kvh * s.d, ldk, w.s, N, false);
+            w.k + (b * s.keys() + j0) * ldk + kvh * s.d, ldk, w.s, N, false);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < nr; ++i)
-    rowmax[i] = mask_scale_row(w.s + i * N, N, j0, i0 + i, seg[i0 + i], s.scale);
+    rowmax[i] = mask_scale_row(w.s + i * N, N, j0, s.q0 + i0 + i, seg[i0 + i], s.scale);
 }
 
 }  // namespace
 
 int64_t attention_bf16_workspace(const AttnShape& s) {
-  const int64_t T = s.B * s.S;
+  const int64_t T = s.B * s.S, Tk = s.B * s.keys();
   auto even = [](int64_t n) { return (n + 31) / 32 * 32; };
-  return (2 * even(T * s.Hq * s.d) + 2 * even(T * s.Hkv * s.d) + 2 * even(kBq * s.S)) / 2 +
-         2 * kBq * s.S + kBq;
+  return (2 * even(T * s.Hq * s.d) + 2 * even(Tk * s.Hkv * s.d) + 2 * even(kBq * s.keys())) / 2 +
+         2 * kBq * s.keys() + kBq;
 }
 
 void attention_fwd_bf16(const AttnShape& s, const float* q, const float* k, const float* v,
                         const int32_t* seg_start, float* o, float* lse, float* workspace) {
   const Work w = carve(s, workspace);
-  const int64_t T = s.B * s.S, d = s.d, ldo = s.Hq * d, ldk = s.Hkv * d;
+  const int64_t T = s.B * s.S, Tk = s.B * s.keys(), d = s.d, ldo = s.Hq * d, ldk = s.Hkv * d;
   float* rowmax = w.rowmax;
   heads_to_bf16(q, s.ldq, T, s.Hq * d, w.q);
-  heads_to_bf16(k, s.ldk, T, ldk, w.k);
-  heads_to_bf16(v, s.ldv, T, ldk, w.v);
+  heads_to_bf16(k, s.ldk, Tk, ldk, w.k);
+  heads_to_bf16(v, s.ldv, Tk, ldk, w.v);
   for_each_block(s, seg_start,
                  [&](int64_t b, int64_t h, int64_t kvh, const int32_t* seg, int64_t i0, int64_t nr,
                      int64_t j0, int64_t N) {
@@ -162,7 +164,8 @@ void attention_fwd_bf16(const AttnShape& s, const float* q, const float* k, cons
                      lrow[i] = rowmax[i] + std::log(sum);
                      to_bf16(row, N, w.pb + i * N);
                    }
-                   gemm_bf16(false, false, nr, d, N, w.pb, N, w.v + (b * s.S + j0) * ldk + kvh * d,
+                   gemm_bf16(false, false, nr, d, N, w.pb, N,
+                             w.v + (b * s.keys() + j0) * ldk + kvh * d,
                              ldk, o + (b * s.S + i0) * ldo + h * d, ldo, false);
                  });
 }
@@ -172,10 +175,10 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
                         const int32_t* seg_start, float* dq, float* dk, float* dv, float* delta,
                         float* workspace) {
   const Work w = carve(s, workspace);
-  const int64_t T = s.B * s.S, d = s.d, ldo = s.Hq * d, ldk = s.Hkv * d;
+  const int64_t T = s.B * s.S, Sk = s.keys(), d = s.d, ldo = s.Hq * d, ldk = s.Hkv * d;
   heads_to_bf16(q, s.ldq, T, ldo, w.q);
-  heads_to_bf16(k, s.ldk, T, ldk, w.k);
-  heads_to_bf16(v, s.ldv, T, ldk, w.v);
+  heads_to_bf16(k, s.ldk, s.B * Sk, ldk, w.k);
+  heads_to_bf16(v, s.ldv, s.B * Sk, ldk, w.v);
   heads_to_bf16(dout, ldo, T, ldo, w.dout);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < T * s.Hq; ++r) {
@@ -183,7 +186,7 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
     delta[(b * s.Hq + h) * s.S + i] = dot16(dout + t * ldo + h * d, o + t * ldo + h * d, d);
   }
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < (s.accumulate ? 0 : s.B * Sk); ++t) {
     std::fill_n(dk + t * s.ldk, ldk, 0.f);
     std::fill_n(dv + t * s.ldv, ldk, 0.f);
   }
@@ -191,7 +194,7 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
       s, seg_start,
       [&](int64_t b, int64_t h, int64_t kvh, const int32_t* seg, int64_t i0, int64_t nr, int64_t j0,
           int64_t N) {
-        const int64_t qrow = (b * s.S + i0) * ldo + h * d, krow = (b * s.S + j0) * ldk + kvh * d;
+        const int64_t qrow = (b * s.S + i0) * ldo + h * d, krow = (b * Sk + j0) * ldk + kvh * d;
         scores(s, w, seg, b, h, i0, nr, j0, N, w.rowmax);
         gemm_bf16(false, true, nr, N, d, w.dout + qrow, ldo, w.v + krow, ldk, w.dp, N, false);
         const float* lrow = lse + (b * s.Hq + h) * s.S + i0;
@@ -204,9 +207,9 @@ void attention_bwd_bf16(const AttnShape& s, const float* q, const float* k, cons
         }
         gemm_bf16(false, false, nr, d, N, w.dsb, N, w.k + krow, ldk, dq + qrow, ldo, false);
         gemm_bf16(true, false, N, d, nr, w.dsb, N, w.q + qrow, ldo,
-                  dk + (b * s.S + j0) * s.ldk + kvh * d, s.ldk, true);
+                  dk + (b * Sk + j0) * s.ldk + kvh * d, s.ldk, true);
         gemm_bf16(true, false, N, d, nr, w.pb, N, w.dout + qrow, ldo,
-                  dv + (b * s.S + j0) * s.ldv + kvh * d, s.ldv, true);
+                  dv + (b * Sk + j0) * s.ldv + kvh * d, s.ldv, true);
       });
 }
 

@@ -338,6 +338,9 @@ void check_shape(const AttnShape& s, const char* what) {
         std::string(what) + ": head_dim " + std::to_string(s.d) + " (at most 256) and " +
             std::to_string(s.Hq) + " query heads over " + std::to_string(s.Hkv) +
             " kv heads are not supported by the CUDA attention");
+  check(s.keys() == s.S && s.q0 == 0 && !s.accumulate,
+        std::string(what) + ": queries that are part of a longer key sequence (context "
+                            "parallelism) run on the CPU backend only");
 }
 
 template <bool BF16>

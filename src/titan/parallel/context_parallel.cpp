@@ -1,0 +1,45 @@
+// Context parallelism in the trainer (context_parallel.h).
+#include "titan/parallel/context_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "titan/core/cpu.h"
+
+namespace titan::parallel {
+
+namespace {
+struct Timed {
+  double& acc;
+  double t0 = cpu::now_seconds();
+  ~Timed() { acc += cpu::now_seconds() - t0; }
+};
+}  // namespace
+
+void ContextParallel::all_gather(const float* in, float* out, int64_t n) {
+  Timed t{seconds_};
+  std::memcpy(out + cp_.rank() * n, in, static_cast<size_t>(n) * sizeof(float));
+  counts_.assign(static_cast<size_t>(cp_.size()), n);
+  cp_.all_gather(out, counts_);
+}
+
+void ContextParallel::reduce_scatter(const float* in, float* out, int64_t n) {
+  Timed t{seconds_};
+  counts_.assign(static_cast<size_t>(cp_.size()), n);
+  cp_.reduce_scatter(in, out, counts_);
+}
+
+void ContextParallel::all_reduce_f64(double* x, int64_t n) {
+  Timed t{seconds_};
+  cp_.all_reduce(x, n);
+}
+
+void split_rows(const int32_t* full, int64_t B, int64_t S, const models::CpSlice& slice,
+                int32_t* local) {
+  const int64_t Sl = S / slice.size, L = Sl / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int p = 0; p < 2; ++p)
+      std::copy_n(full + b * S + slice.chunk(p) * L, L, local + b * Sl + p * L);
+}
+
+}  // namespace titan::parallel
