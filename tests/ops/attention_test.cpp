@@ -408,5 +408,78 @@ INSTANTIATE_TEST_SUITE_P(
         block(300, 2, 1, 32, false, {0, 100, 256}, {0, 129}, 3)),
     case_name);
 
+// Context parallelism's calls (AttnShape q0, Sk, accumulate): the queries [q0, q0 + n) of a row
+// against its keys [0, q0 + n) give the rows of the whole row's call: o and lse (fp32: the same
+// key tiles in the same order, so equal to ~1e-7), and dq, and dk, dv of the whole row's
+// backward with dout zero outside the chunk, added onto what dk, dv held. Tolerance: fp32 1e-5
+// relative plus 1e-6 of the scale (the query tiles start at q0, so dk and dv add their terms in
+// other groups); bf16 2e-3 of the scale (the key blocks start elsewhere, so the bf16 GEMMs sum
+// in other orders).
+void chunk_case(bool bf16) {
+  const int64_t S = 200, Hq = 4, Hkv = 2, d = 16, KV = Hkv * d, ldo = Hq * d;
+  const AttnCase c{1, S, Hq, Hkv, d, true, false, {{0, 37, 64, 130, 190}}, {5}};
+  Problem p = make_problem(c, 7);
+  const AttnShape& s = p.s;
+  const float* q = p.x.data() + p.qo;
+  const float* k = p.x.data() + p.ko;
+  const float* v = p.x.data() + p.vo;
+  const auto fwd = bf16 ? attention_fwd_bf16 : attention_fwd;
+  const auto bwd = bf16 ? attention_bwd_bf16 : attention_bwd;
+  const auto work = bf16 ? attention_bf16_workspace : attention_workspace;
+  const double rtol = bf16 ? 0 : 1e-5, atol = bf16 ? 2e-3 : 1e-6;
+  std::vector<float> ws(work(s));
+  std::vector<float> o(S * ldo), lse(Hq * S), delta(Hq * S);
+  fwd(s, q, k, v, p.seg.data(), o.data(), lse.data(), ws.data());
+  for (const auto& [q0, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 50}, {50, 50}, {64, 33}, {100, 100}, {150, 50}}) {
+    const std::string what = "queries [" + std::to_string(q0) + ", " + std::to_string(q0 + n) +
+                             ")" + (bf16 ? " bf16" : "");
+    AttnShape cs = s;
+    cs.S = n;
+    cs.Sk = q0 + n;
+    cs.q0 = q0;
+    std::vector<float> cws(std::max(work(cs), work(s)));
+    std::vector<float> co(n * ldo), clse(Hq * n);
+    fwd(cs, q + q0 * s.ldq, k, v, p.seg.data() + q0, co.data(), clse.data(), cws.data());
+    std::vector<double> want_o(o.begin() + q0 * ldo, o.begin() + (q0 + n) * ldo), want_lse;
+    for (int64_t h = 0; h < Hq; ++h)
+      want_lse.insert(want_lse.end(), lse.begin() + h * S + q0, lse.begin() + h * S + q0 + n);
+    expect_close(what + " o", co, want_o, rtol, atol);
+    expect_close(what + " lse", clse, want_lse, rtol, atol);
+
+    // The whole row's backward with dout on the chunk's rows only.
+    std::vector<float> dout(S * ldo, 0.f);
+    std::copy(p.r.begin() + q0 * ldo, p.r.begin() + (q0 + n) * ldo, dout.begin() + q0 * ldo);
+    std::vector<float> dq(S * ldo), dk(S * KV), dv(S * KV);
+    AttnShape ws_shape = s;  // dk, dv compact [S, KV]
+    ws_shape.ldk = ws_shape.ldv = KV;
+    std::vector<float> kc(S * KV), vc(S * KV);
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < KV; ++i)
+        kc[t * KV + i] = k[t * s.ldk + i], vc[t * KV + i] = v[t * s.ldv + i];
+    bwd(ws_shape, q, kc.data(), vc.data(), o.data(), lse.data(), dout.data(), p.seg.data(),
+        dq.data(), dk.data(), dv.data(), delta.data(), ws.data());
+    // The chunk's backward adds onto 1s.
+    AttnShape cb = cs;
+    cb.ldk = cb.ldv = KV;
+    cb.accumulate = true;
+    std::vector<float> cdq(n * ldo), cdk(cs.Sk * KV, 1.f), cdv(cs.Sk * KV, 1.f), cdelta(Hq * n);
+    bwd(cb, q + q0 * s.ldq, kc.data(), vc.data(), co.data(), clse.data(), dout.data() + q0 * ldo,
+        p.seg.data() + q0, cdq.data(), cdk.data(), cdv.data(), cdelta.data(), cws.data());
+    expect_close(what + " dq", cdq,
+                 std::vector<double>(dq.begin() + q0 * ldo, dq.begin() + (q0 + n) * ldo), rtol,
+                 atol);
+    std::vector<double> want_dk(dk.begin(), dk.begin() + cs.Sk * KV),
+        want_dv(dv.begin(), dv.begin() + cs.Sk * KV);
+    for (double& x : want_dk) x += 1;
+    for (double& x : want_dv) x += 1;
+    expect_close(what + " dk", cdk, want_dk, rtol, atol);
+    expect_close(what + " dv", cdv, want_dv, rtol, atol);
+  }
+}
+
+TEST(AttentionChunkTest, QueriesOfALongerRowMatchTheWholeRow) { chunk_case(false); }
+TEST(AttentionChunkTest, Bf16QueriesOfALongerRowMatchTheWholeRow) { chunk_case(true); }
+
 }  // namespace
 }  // namespace titan::ops

@@ -23,7 +23,8 @@ void ContextAttention::segments(const ops::Backend& be, const int32_t* positions
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < S; ++i) {
       const int64_t g = slice_.global_index(i, S), t = b * S + i;
-      seg_start[t] = block_causal ? static_cast<int32_t>(std::max<int64_t>(0, g - positions[t])) : 0;
+      seg_start[t] =
+          block_causal ? static_cast<int32_t>(std::max<int64_t>(0, g - positions[t])) : 0;
     }
 }
 
@@ -58,14 +59,14 @@ void ContextAttention::gather_kv(const ops::AttnShape& s, const float* k, const 
     for (int64_t b = 0; b < s.B; ++b)
       for (int p = 0; p < 2; ++p) {
         const int64_t c = CpSlice{r, static_cast<int>(P)}.chunk(p);
-        copy_rows(ranks_.data() + ((r * s.B + b) * Sl + p * L) * W, kv_.data() + (b * S + c * L) * W,
-                  L, W);
+        copy_rows(ranks_.data() + ((r * s.B + b) * Sl + p * L) * W,
+                  kv_.data() + (b * S + c * L) * W, L, W);
       }
 }
 
 void ContextAttention::forward(const ops::Backend& be, const ops::AttnShape& s, const float* q,
-                               const float* k, const float* v, const int32_t* seg_start,
-                               float* o, float* lse, float* workspace) {
+                               const float* k, const float* v, const int32_t* seg_start, float* o,
+                               float* lse, float* workspace) {
   if (!active()) {
     be.attention_fwd(s, q, k, v, seg_start, o, lse, workspace);
     return;
@@ -123,8 +124,8 @@ void ContextAttention::backward(const ops::Backend& be, const ops::AttnShape& s,
     for (int64_t b = 0; b < s.B; ++b)
       for (int p = 0; p < 2; ++p) {
         const int64_t c = CpSlice{r, static_cast<int>(P)}.chunk(p);
-        copy_rows(dkv_.data() + (b * S + c * L) * W, ranks_.data() + ((r * s.B + b) * Sl + p * L) * W,
-                  L, W);
+        copy_rows(dkv_.data() + (b * S + c * L) * W,
+                  ranks_.data() + ((r * s.B + b) * Sl + p * L) * W, L, W);
       }
   hooks_->reduce_scatter(ranks_.data(), local_.data(), T * W);
   for (int64_t t = 0; t < T; ++t) {

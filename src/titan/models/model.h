@@ -224,6 +224,7 @@ struct ModelDims {
   int64_t layers = 0, dim = 0, head_dim = 0, heads = 0;
   int64_t experts = 0, top_k = 0;  // routed experts per MoE layer and per token (0: dense)
   std::vector<bool> moe_layer;     // [layers]
+  int64_t kv_heads = 0;            // key/value heads (GQA)
 };
 
 // Attention's FLOPs per token of a training step (forward and backward: 3 × the forward's

@@ -34,6 +34,13 @@ void ContextParallel::all_reduce_f64(double* x, int64_t n) {
   cp_.all_reduce(x, n);
 }
 
+double context_parallel_theory_bytes(int64_t P, int64_t layers, int64_t W, int64_t B, int64_t S,
+                                     int64_t microbatches, bool full_ac) {
+  const double per = static_cast<double>(P - 1) / static_cast<double>(P) *
+                     static_cast<double>(B * S * W) * sizeof(float);
+  return per * (full_ac ? 4 : 3) * static_cast<double>(layers * microbatches);
+}
+
 void split_rows(const int32_t* full, int64_t B, int64_t S, const models::CpSlice& slice,
                 int32_t* local) {
   const int64_t Sl = S / slice.size, L = Sl / 2;

@@ -30,6 +30,12 @@ class ContextParallel final : public models::CpHooks {
   double seconds_ = 0;
 };
 
+// The bytes one step of `microbatches` microbatches sends per rank in theory (the volume above)
+// for `layers` blocks of W floats of k|v per token (this rank's kv heads), rows of B × S tokens;
+// full_ac: the backward's recompute gathers once more.
+double context_parallel_theory_bytes(int64_t P, int64_t layers, int64_t W, int64_t B, int64_t S,
+                                     int64_t microbatches, bool full_ac);
+
 // local[B, S/P] ← this rank's chunks of full[B, S] (rows of S values): chunk r then chunk
 // 2P − 1 − r of each row, chunks of S / (2P).
 void split_rows(const int32_t* full, int64_t B, int64_t S, const models::CpSlice& slice,

@@ -45,9 +45,13 @@ std::string MemoryPlan::format() const {
 
 MemoryPlan plan_memory(const config::JobConfig& cfg) {
   const auto& t = cfg.training;
+  // A layout given by its degrees (titan plan runs in one process): the shard degree as given,
+  // -1 (the ranks left over) counting as 1.
+  const dist::ParallelDims dims = dist::ParallelDims::for_plan(cfg);
   models::BuildOptions o;
   o.batch = t.local_batch_size;
   o.seq_len = t.seq_len;
+  o.cp = dims.cp;
   o.loss_chunks = cfg.loss.num_chunks;
   o.ac = models::AcPolicy::from_config(cfg.activation_checkpoint.mode,
                                        cfg.activation_checkpoint.selective_ac_option);
@@ -55,9 +59,6 @@ MemoryPlan plan_memory(const config::JobConfig& cfg) {
   o.log_overrides = false;  // the build that follows logs them
   o.bytes_per_param = 0;    // the plan reports what does not fit
   o.device = t.device;
-  // A layout given by its degrees (titan plan runs in one process): the shard degree as given,
-  // -1 (the ranks left over) counting as 1.
-  const dist::ParallelDims dims = dist::ParallelDims::for_plan(cfg);
   models::validate_model_config(cfg);  // heads and experts divisible by tp and ep
   return plan_memory(cfg, *models::build_model(cfg, o), dims);
 }
@@ -239,6 +240,13 @@ MemoryPlan plan_memory(const config::JobConfig& cfg, const models::Model& m,
   if (ep_bytes > 0)
     plan.lines.insert(plan.lines.end() - 1,
                       {"expert-parallel dispatch (rows received, exchange buffers)", ep_bytes});
+  if (dims.cp > 1) {  // models/context_parallel.h: the whole sequence's k|v gathered, dk|dv
+    // summed, the rank-ordered exchange buffer and one row's attention workspace
+    const models::ModelDims md = m.dims();
+    const int64_t W = 2 * md.kv_heads / dims.tp * md.head_dim, B = t.local_batch_size;
+    plan.lines.insert(plan.lines.end() - 1, {"context parallelism: gathered keys and values (fp32)",
+                                             4 * W * t.seq_len * (3 * B + B / dims.cp + 1)});
+  }
   if (dp_shard > 1) {  // FSDP (train/fsdp.h)
     // Whole at once: the head's group (kept gathered through the step by default; the first and
     // last units' gradients are held from the forward on), the unit being computed and the next

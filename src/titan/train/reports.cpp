@@ -5,6 +5,7 @@
 
 #include "titan/core/cpu.h"
 #include "titan/core/log.h"
+#include "titan/parallel/context_parallel.h"
 #include "titan/parallel/tensor_parallel.h"
 
 namespace titan::train {
@@ -23,9 +24,9 @@ void log_tensor_parallel(const config::JobConfig& cfg, const dist::ParallelDims&
   moe.ep_local = dims.ep > 1;
   moe.aux = model.routing() && model.routing()->aux_loss_coef().has_value();
   const auto& t = cfg.training;
-  const double theory =
-      parallel::TensorParallel::theory_bytes(cfg, dims.tp, md.layers, md.dim, md.head_dim,
-                                             t.local_batch_size * t.seq_len, r.microbatches, moe);
+  const double theory = parallel::TensorParallel::theory_bytes(
+      cfg, dims.tp, md.layers, md.dim, md.head_dim, t.local_batch_size * t.seq_len / dims.cp,
+      r.microbatches, moe);
   const double sent = static_cast<double>(r.tp_bytes) / r.steps;
   char buf[320];
   std::snprintf(buf, sizeof buf,
@@ -34,6 +35,25 @@ void log_tensor_parallel(const config::JobConfig& cfg, const dist::ParallelDims&
                 "included)",
                 sent / 1048576.0, theory / 1048576.0, static_cast<long long>(dims.tp),
                 dims.sp ? " with SP" : "", sent / theory, 1e3 * r.tp_seconds / r.steps);
+  log::info(buf);
+}
+
+// The keys' and values' collectives of the cp group against context_parallel.h's volume.
+void log_context_parallel(const config::JobConfig& cfg, const dist::ParallelDims& dims,
+                          const models::Model& model, const RunTotals& r) {
+  const models::ModelDims md = model.dims();
+  const auto& t = cfg.training;
+  const double theory = parallel::context_parallel_theory_bytes(
+      dims.cp, md.layers, 2 * md.kv_heads / dims.tp * md.head_dim, t.local_batch_size, t.seq_len,
+      r.microbatches, cfg.activation_checkpoint.mode == "full");
+  const double sent = static_cast<double>(r.cp_bytes) / r.steps;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "Context parallelism per step and rank: %.3f MiB sent, %.3f MiB in theory for CP "
+                "%lld (cp ratio %.4f), %.1f ms in the collectives (waiting for the other ranks "
+                "included)",
+                sent / 1048576.0, theory / 1048576.0, static_cast<long long>(dims.cp),
+                sent / theory, 1e3 * r.cp_seconds / r.steps);
   log::info(buf);
 }
 
@@ -87,7 +107,8 @@ void log_parallel_reports(const config::JobConfig& cfg, const dist::ParallelDims
                           const RunTotals& r) {
   if (r.steps <= 0) return;
   if (dims.tp > 1) log_tensor_parallel(cfg, dims, model, r);
-  if (dims.batch() > 1) log_data_parallel(dims, model, fsdp, r);
+  if (dims.cp > 1) log_context_parallel(cfg, dims, model, r);
+  if (dims.batch() > 1 || dims.sharded()) log_data_parallel(dims, model, fsdp, r);
 }
 
 }  // namespace titan::train

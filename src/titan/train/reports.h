@@ -22,6 +22,8 @@ struct RunTotals {
   int64_t dp_bytes = 0;  // sent by the FSDP / replica collectives
   int64_t ep_bytes = 0;  // sent by the expert dispatch and combine
   parallel::DispatchSeconds ep_seconds;
+  int64_t cp_bytes = 0;  // sent by the cp group's collectives
+  double cp_seconds = 0;
 };
 
 // Logs the reports that apply to dims (none for one rank); fsdp null when not sharded.

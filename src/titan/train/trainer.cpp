@@ -242,8 +242,8 @@ void Trainer::setup_parallelism() {
   if (dims_.cp > 1) {
     const std::string what =
         "parallelism.context_parallel_degree " + std::to_string(dims_.cp) + ": ";
-    check(dev.host, what + "context parallelism runs on the CPU only (training.device " + device +
-                        ")");
+    check(dev.host,
+          what + "context parallelism runs on the CPU only (training.device " + device + ")");
     check(static_cast<bool>(models::model_spec(cfg_.model.name).context_parallel),
           what + "model " + cfg_.model.name + " has no context-parallel attention");
     check(!cfg_.dpo.enable, what +
@@ -252,8 +252,9 @@ void Trainer::setup_parallelism() {
     check(!cfg_.validator.enable,
           what + "the validator does not split its sequences yet; turn validator.enable off");
     check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
-          what + "LoRA with context parallelism is not implemented; train the adapters with "
-                 "data parallelism");
+          what +
+              "LoRA with context parallelism is not implemented; train the adapters with "
+              "data parallelism");
   }
   mesh_ = dist::make_meshes(dims_, dist::world());
   // On a device the gradients, parameters, dispatched rows and activations move over its own
@@ -542,7 +543,15 @@ void Trainer::find_replicated() {
 void Trainer::log_layout() const {
   const int64_t n = model_->num_params();
   const int64_t shard_len = fsdp_ ? fsdp_->shard_len() : n;
-  if (dims_.batch() > 1)
+  if (cp_)
+    log::info("Context parallelism: CP " + std::to_string(dims_.cp) + ", each row's " +
+              std::to_string(cfg_.training.seq_len) + " tokens cut into " +
+              std::to_string(2 * dims_.cp) + " chunks of " +
+              std::to_string(cfg_.training.seq_len / (2 * dims_.cp)) +
+              ", this rank holding chunks " + std::to_string(mesh_.cp_rank) + " and " +
+              std::to_string(2 * dims_.cp - 1 - mesh_.cp_rank) +
+              " (head-tail); keys and values all-gathered over the group in each attention");
+  if (dims_.batch() > 1 || dims_.sharded())
     log::info("Data parallelism: " + dims_.describe() + " over " +
               std::to_string(dist::world().size()) + " ranks (" + dist::world().backend() +
               "); this rank's master weights, gradients and AdamW state: " +
@@ -655,8 +664,8 @@ StepResult Trainer::step() {
   auto tp_sent = [this] {
     return mesh_.tp->bytes_sent() + (tp_data_ ? tp_data_->bytes_sent() : 0);
   };
-  const int64_t ep0 = ep_sent(), tp0 = tp_sent();
-  const double tp_t0 = tp_ ? tp_->seconds() : 0.0;
+  const int64_t ep0 = ep_sent(), tp0 = tp_sent(), cp0 = mesh_.cp->bytes_sent();
+  const double tp_t0 = tp_ ? tp_->seconds() : 0.0, cp_t0 = cp_ ? cp_->seconds() : 0.0;
   const parallel::DispatchSeconds ep_t0 =
       ep_buffers_ ? parallel::dispatch_seconds(*ep_buffers_) : parallel::DispatchSeconds{};
   r.lr = cfg_.optimizer.lr * sched_.factor(step_);  // the LR this step uses
@@ -678,6 +687,8 @@ StepResult Trainer::step() {
   ep_comm_bytes_ += ep_sent() - ep0;
   tp_comm_bytes_ += tp_sent() - tp0;
   if (tp_) tp_seconds_ += tp_->seconds() - tp_t0;
+  cp_comm_bytes_ += mesh_.cp->bytes_sent() - cp0;
+  if (cp_) cp_seconds_ += cp_->seconds() - cp_t0;
   if (ep_buffers_) {
     const parallel::DispatchSeconds t1 = parallel::dispatch_seconds(*ep_buffers_);
     ep_seconds_.exchange += t1.exchange - ep_t0.exchange;
@@ -1055,13 +1066,13 @@ void Trainer::maybe_checkpoint() {
     dist::world().barrier();
     return;
   }
-  if (dims_.batch() == 1 && !sliced()) {
+  if (dims_.batch() == 1 && !dims_.sharded() && !sliced()) {  // one process
     HostMoments hm(*this, /*fetch=*/true);
     checkpointer_->maybe_save(st, last, *model_, hm.moments());
     return;
   }
   if ((dims_.sharded() || sliced()) && !model_only) {
-    // Sharded: the ranks of replica 0 (world ranks 0 .. dp_shard·tp − 1) write what they hold in
+    // Sharded: the ranks of replica 0 (world ranks 0 .. dp_shard·cp·tp − 1) write what they hold in
     // parallel into rank 0's temporary folder; rank 0 commits it once all have finished
     // (checkpointer.h).
     std::string tmp = rank0() ? checkpointer_->sharded_begin(step_) : "";
@@ -1086,7 +1097,7 @@ void Trainer::maybe_checkpoint() {
     broadcast_string(dist::world(), &tmp, 0);
     if (mesh_.replicate_rank == 0) {
       const int64_t units = static_cast<int64_t>(model_->store().units().size());
-      const int64_t parts = std::min<int64_t>(dims_.dp_shard, units);
+      const int64_t parts = std::min<int64_t>(dims_.fsdp(), units);
       ckpt::HfPart part;
       fsdp_->for_each_unit_whole([&](int64_t u) {
         if (u % parts == mesh_.fsdp_rank) part.add_unit(*model_, u, cfg_.checkpoint.export_dtype);
@@ -1259,6 +1270,7 @@ void Trainer::train() {
     r.steps = static_cast<double>(step_ - first_step_);
     r.microbatches = grad_accum_;
     r.tp_bytes = tp_comm_bytes_, r.tp_seconds = tp_seconds_;
+    r.cp_bytes = cp_comm_bytes_, r.cp_seconds = cp_seconds_;
     r.dp_bytes = step_comm_bytes_, r.ep_bytes = ep_comm_bytes_, r.ep_seconds = ep_seconds_;
     log_parallel_reports(cfg_, dims_, *model_, fsdp_.get(), r);
   }

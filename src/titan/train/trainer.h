@@ -126,8 +126,8 @@ class Trainer {
   std::unique_ptr<dist::Communicator> grad_replicate_, fsdp_group_, efsdp_group_, ep_rows_,
       tp_data_;
   std::unique_ptr<models::Model> whole_;
-  int64_t tp_comm_bytes_ = 0;
-  double tp_seconds_ = 0;
+  int64_t tp_comm_bytes_ = 0, cp_comm_bytes_ = 0;
+  double tp_seconds_ = 0, cp_seconds_ = 0;
   std::vector<models::FlatRange> replicated_;
   models::Model& whole_model();
   // A model built for a slice of the layout (tensor parallelism, or expert parallelism's own

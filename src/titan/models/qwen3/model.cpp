@@ -65,9 +65,9 @@ Qwen3Model::Qwen3Model(const Qwen3Args& args, Qwen3Options opt)
   ac_ = opt.ac;
   a_.validate();
   check(max_positions_ <= a_.max_seq_len, "training.seq_len " + std::to_string(max_positions_) +
-                                        " exceeds the model's maximum context length " +
-                                        std::to_string(a_.max_seq_len) +
-                                        " (model.max_seq_len); lower training.seq_len");
+                                              " exceeds the model's maximum context length " +
+                                              std::to_string(a_.max_seq_len) +
+                                              " (model.max_seq_len); lower training.seq_len");
   check(opt.loss_chunks > 0, "loss chunks must be positive");
   loss_chunk_rows_ = std::max<int64_t>(1, (max_tokens_ + opt.loss_chunks - 1) / opt.loss_chunks);
   // The spec checked the layout against the config; a direct caller is checked here.
@@ -1103,7 +1103,7 @@ std::vector<BufferInfo> Qwen3Model::buffers() const {
 }
 
 models::ModelDims Qwen3Model::dims() const {
-  models::ModelDims d{a_.n_layers, a_.dim, a_.head_dim, a_.n_heads, 0, 0, {}};
+  models::ModelDims d{a_.n_layers, a_.dim, a_.head_dim, a_.n_heads, 0, 0, {}, a_.n_kv_heads};
   for (int64_t l = 0; l < a_.n_layers; ++l) d.moe_layer.push_back(a_.moe_layer(l));
   if (a_.n_moe_layers() > 0) d.experts = a_.num_experts, d.top_k = a_.top_k;
   return d;
