@@ -8,7 +8,8 @@
 // Layouts: CP 2 and CP 4, CP 2 with full activation checkpointing, FSDP 2 × CP 2 and CP 2 × TP 2
 // (SP) on 4 ranks; the tiny MoE model (expert bias and auxiliary loss on, whose statistics sum
 // over the chunks) under CP 2, CP 2 × EP 2 and FSDP 2 × CP 2 × EP 4. A CP 2 checkpoint resumed by
-// one process trains on like one process throughout. And the layouts refused, in torchtitan's
+// one process trains on like one process throughout; the validator's loss under CP 2 is one
+// process's. And the layouts refused, in torchtitan's
 // words where it has them.
 #include <gtest/gtest.h>
 
@@ -77,6 +78,25 @@ TEST(ContextParallel, MatchesOneProcessOnTheSameGlobalBatch) {
     expect_same_training(ref_of(l.data_ranks, l.moe), dump, steps);
   }
 
+  // The validator under CP 2: each rank's chunks of the validation rows, the same loss.
+  const std::string val =
+      " --validator.enable --validator.freq 3 --validator.steps 2"
+      " --validator.dataset_path " +
+      docs;
+  for (const std::string& name : {std::string("val_one"), std::string("val_cp2")}) {
+    const bool cp = name == "val_cp2";
+    const ShellRun v = sh((cp ? mpirun(2) : std::string()) + job(docs, dir + "/" + name, false, 3) +
+                          kCommon + val + (cp ? cp2 : ""));
+    ASSERT_EQ(v.code, 0) << v.out;
+  }
+  std::vector<double> vloss[2];
+  for (int i = 0; i < 2; ++i)
+    for (const auto& row : metrics(dir + (i ? "/val_cp2" : "/val_one")))
+      if (row.contains("validation_loss")) vloss[i].push_back(row["validation_loss"]);
+  ASSERT_EQ(vloss[0].size(), 2u);  // steps 1 and 3
+  ASSERT_EQ(vloss[1].size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(vloss[1][i], vloss[0][i], 1e-5 * vloss[0][i]);
+
   // A CP 2 checkpoint (FSDP-sharded over the cp ranks) resumed in one process.
   const std::string half = dir + "/resumed";
   ShellRun r = sh(mpirun(2) + job(docs, half, false, 3) + kCommon + cp2 +
@@ -109,8 +129,6 @@ TEST(ContextParallelErrors, RefusedLayoutsSayWhy) {
        "the ring rotation ('alltoall') is not implemented yet"},
       {2, cp2 + " --parallelism.context_parallel_load_balancer none",
        "titan splits the sequence head-tail only"},
-      {2, cp2 + " --validator.enable --validator.dataset_path " + docs,
-       "the validator does not split its sequences yet"},
       {2, cp2 + " --parallelism.data_parallel_shard_degree 2",
        "Invalid parallel dims: dp_replicate(1) * dp_shard(2) * cp(2) * tp(1) * pp(1) != "
        "WORLD_SIZE(2)"},

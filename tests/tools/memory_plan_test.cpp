@@ -223,20 +223,24 @@ TEST(MemoryPlan, LayoutsThatDoNotDivideTheModel) {
   EXPECT_NE(error_of([&] { plan_memory(c); }).find("has no experts"), std::string::npos);
 }
 
-// Tensor parallelism trains (tests/dist/tensor_parallel_test.cpp); what it does not implement
-// yet is refused with one line: context parallelism, and EP borrowing part of a tensor-parallel
-// group (EP takes whole tp groups: expert_tensor_parallel_degree 1).
+// Tensor and context parallelism train (tests/dist/); what is not implemented yet is refused with
+// one line: pipeline parallelism, and EP borrowing part of a tensor-parallel group (EP takes whole
+// tp groups: expert_tensor_parallel_degree 1).
 TEST(MemoryPlan, TrainingRefusesWhatIsNotImplementedWithOneLine) {
   config::register_builtin_configs();
   config::JobConfig c = config::make_config("qwen3_debugmodel");
   c.parallelism.tensor_parallel_degree = 2;
   EXPECT_EQ(dist::ParallelDims::from_config(c, 2).describe(), "TP 2 (SP)");
   c.parallelism.context_parallel_degree = 2;
-  std::string e = error_of([&] { dist::ParallelDims::from_config(c, 4); });
-  EXPECT_NE(e.find("parallelism.context_parallel_degree 2: context parallelism is not implemented"),
-            std::string::npos)
-      << e;
+  EXPECT_EQ(dist::ParallelDims::from_config(c, 4).describe(), "CP 2 x TP 2 (SP)");
   c.parallelism.context_parallel_degree = 1;
+  c.parallelism.pipeline_parallel_degree = 2;
+  std::string e = error_of([&] { dist::ParallelDims::from_config(c, 4); });
+  EXPECT_NE(
+      e.find("parallelism.pipeline_parallel_degree 2: pipeline parallelism is not implemented"),
+      std::string::npos)
+      << e;
+  c.parallelism.pipeline_parallel_degree = 1;
   c.parallelism.expert_parallel_degree = 2;
   EXPECT_EQ(dist::ParallelDims::from_config(c, 2).describe(), "TP 2 (SP) x EP 2");
   EXPECT_EQ(dist::ParallelDims::from_config(c, 4).describe(), "FSDP 2 x TP 2 (SP) x EP 2");
@@ -246,6 +250,30 @@ TEST(MemoryPlan, TrainingRefusesWhatIsNotImplementedWithOneLine) {
                    "tensor_parallel_degree 2"),
             std::string::npos)
       << e;
+}
+
+// Context parallelism: each rank saves the activations of seq_len / cp tokens, and holds the
+// whole sequence's keys and values (3 rows' worth plus the rank's own and one row's workspace).
+TEST(MemoryPlan, ContextParallelDividesTheActivations) {
+  config::register_builtin_configs();
+  config::JobConfig c = config::make_config("qwen3_debugmodel");
+  c.training.seq_len = 2048;
+  auto line = [](const MemoryPlan& p, const std::string& head) -> int64_t {
+    for (const auto& l : p.lines)
+      if (l.what.rfind(head, 0) == 0) return l.bytes;
+    return -1;
+  };
+  const MemoryPlan one = plan_memory(c);
+  c.parallelism.context_parallel_degree = 4;
+  const MemoryPlan cp = plan_memory(c);
+  const double ratio = static_cast<double>(line(cp, "saved activations")) /
+                       static_cast<double>(line(one, "saved activations"));
+  EXPECT_NEAR(ratio, 0.25, 0.01);
+  EXPECT_EQ(line(one, "context parallelism"), -1);
+  // debugmodel: 8 kv heads of 128 floats, 2048 floats of k and v per token
+  EXPECT_EQ(
+      line(cp, "context parallelism"),
+      4 * 2048 * 2048 * (3 * c.training.local_batch_size + c.training.local_batch_size / 4 + 1));
 }
 
 }  // namespace

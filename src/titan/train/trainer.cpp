@@ -249,8 +249,6 @@ void Trainer::setup_parallelism() {
     check(!cfg_.dpo.enable, what +
                                 "DPO's rows are single completions of varying length; train DPO "
                                 "with data parallelism");
-    check(!cfg_.validator.enable,
-          what + "the validator does not split its sequences yet; turn validator.enable off");
     check(cfg_.lora.rank == 0 && cfg_.lora.adapter_path.empty(),
           what +
               "LoRA with context parallelism is not implemented; train the adapters with "
@@ -1279,7 +1277,9 @@ void Trainer::train() {
 
 ValidationResult Trainer::validate() {
   check(validator_ != nullptr, "validator.enable is off");
-  const ValidationResult v = validator_->validate(*model_, *mesh_.batch);
+  const ValidationResult v =
+      validator_->validate(*model_, *mesh_.batch, mesh_.batch_rank, dims_.batch(),
+                           cp_ ? cp_->slice() : models::CpSlice{});
   if (std::isfinite(v.loss)) return v;
   // Not a number to log and train on: stop, saying whether the weights are to blame.
   if (fsdp_) fsdp_->gather_all();   // on every rank: the loss is the same all-reduced value

@@ -72,25 +72,35 @@ Validator::Validator(const config::JobConfig& cfg, std::shared_ptr<const data::D
   check(freq_ > 0, "validator.freq must be positive");
 }
 
-ValidationResult Validator::validate(models::Model& model, dist::Communicator& batch) const {
+ValidationResult Validator::validate(models::Model& model, dist::Communicator& batch,
+                                     int64_t data_rank, int64_t data_world,
+                                     const models::CpSlice& cp) const {
   const double t0 = cpu::now_seconds();
   data::LoaderOptions lo;
   lo.batch = batch_;
   lo.seq_len = seq_len_;
   lo.shuffle = false;
   lo.repeat = false;
-  lo.dp_rank = batch.rank();
-  lo.dp_world = batch.size();
+  lo.dp_rank = data_rank;
+  lo.dp_world = data_world;
   data::PackedLoader loader(docs_, lo);
-  const int64_t T = batch_ * seq_len_;
-  std::vector<int32_t> in(T), lab(T), pos(T);
+  const int64_t T = batch_ * seq_len_, S = seq_len_ / cp.size;
+  std::vector<int32_t> in(T), lab(T), pos(T), mine(cp.active() ? 3 * T / cp.size : 0);
   ValidationResult r;
   double sum = 0;
   while (steps_ < 0 || r.batches < steps_) {
     int64_t out = loader.next(in.data(), lab.data(), pos.data()) == 0 ? 1 : 0;
     batch.all_reduce(&out, 1, dist::ReduceOp::max);  // any rank out of data: all stop
     if (out) break;
-    ops::LossSum ls = model.forward_loss({batch_, seq_len_, in.data(), lab.data(), pos.data()});
+    models::Batch b{batch_, seq_len_, in.data(), lab.data(), pos.data()};
+    if (cp.active()) {  // this rank's chunks of each row (parallel/context_parallel.h)
+      const int64_t n = batch_ * S;
+      parallel::split_rows(in.data(), batch_, seq_len_, cp, mine.data());
+      parallel::split_rows(lab.data(), batch_, seq_len_, cp, mine.data() + n);
+      parallel::split_rows(pos.data(), batch_, seq_len_, cp, mine.data() + 2 * n);
+      b = {batch_, S, mine.data(), mine.data() + n, mine.data() + 2 * n};
+    }
+    ops::LossSum ls = model.forward_loss(b);
     sum += ls.sum;
     r.tokens += ls.count;
     ++r.batches;

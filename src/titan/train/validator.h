@@ -15,6 +15,7 @@
 #include "titan/data/dataset.h"
 #include "titan/dist/communicator.h"
 #include "titan/models/model.h"
+#include "titan/parallel/context_parallel.h"
 
 namespace titan::train {
 
@@ -43,8 +44,11 @@ class Validator {
   Validator(const config::JobConfig& cfg, std::shared_ptr<const data::DocumentSet> docs);
   bool should_validate(int64_t step) const { return step == 1 || step % freq_ == 0; }
   // Forward only; the model's parameters and gradients are untouched.
-  // batch: the data-parallel group (the loss and token count are over all of it).
-  ValidationResult validate(models::Model& model, dist::Communicator& batch) const;
+  // batch: the data-parallel group and, under context parallelism, the ranks holding the other
+  // chunks of its rows (the loss and token count are over all of it); this rank reads the rows
+  // of data rank data_rank of data_world and, under CP, keeps its chunks of each (cp).
+  ValidationResult validate(models::Model& model, dist::Communicator& batch, int64_t data_rank,
+                            int64_t data_world, const models::CpSlice& cp = {}) const;
 
  private:
   std::shared_ptr<const data::DocumentSet> docs_;
