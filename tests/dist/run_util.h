@@ -39,6 +39,16 @@ inline std::string mpirun(int np, const std::string& extra = "") {
          " -x OMP_NUM_THREADS=1 " + extra + " ";
 }
 
+// A run that must stop with one clear line: a non-zero exit (not the timeout's), the message in
+// its output.
+inline void expect_refused(const std::string& cmd, const std::string& message) {
+  SCOPED_TRACE(message);
+  const ShellRun r = sh(cmd);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+  EXPECT_NE(r.out.find(message), std::string::npos) << r.out;
+}
+
 // 64 documents of 63 lowercase letters, one per line.
 inline std::string write_docs(const std::string& dir) {
   std::mt19937 g(5);

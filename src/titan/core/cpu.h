@@ -15,5 +15,11 @@ int64_t total_memory_bytes();  // MemTotal
 int64_t peak_rss_bytes();      // VmHWM of this process
 int64_t current_rss_bytes();   // VmRSS of this process
 double now_seconds();          // monotonic clock
+// Adds the seconds between its construction and its destruction to acc.
+struct ScopedSeconds {
+  double& acc;
+  double t0 = now_seconds();
+  ~ScopedSeconds() { acc += now_seconds() - t0; }
+};
 
 }  // namespace titan::cpu

@@ -8,29 +8,21 @@
 
 namespace titan::parallel {
 
-namespace {
-struct Timed {
-  double& acc;
-  double t0 = cpu::now_seconds();
-  ~Timed() { acc += cpu::now_seconds() - t0; }
-};
-}  // namespace
-
 void ContextParallel::all_gather(const float* in, float* out, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   std::memcpy(out + cp_.rank() * n, in, static_cast<size_t>(n) * sizeof(float));
   counts_.assign(static_cast<size_t>(cp_.size()), n);
   cp_.all_gather(out, counts_);
 }
 
 void ContextParallel::reduce_scatter(const float* in, float* out, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   counts_.assign(static_cast<size_t>(cp_.size()), n);
   cp_.reduce_scatter(in, out, counts_);
 }
 
 void ContextParallel::all_reduce_f64(double* x, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   cp_.all_reduce(x, n);
 }
 

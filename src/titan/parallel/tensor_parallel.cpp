@@ -13,12 +13,6 @@
 namespace titan::parallel {
 
 namespace {
-struct Timed {
-  double& acc;
-  double t0 = cpu::now_seconds();
-  ~Timed() { acc += cpu::now_seconds() - t0; }
-};
-
 // Elements of rank r's slice of p.
 int64_t slice_numel(const models::ParamInfo& p, int r, int P) {
   int64_t n = 1;
@@ -49,22 +43,22 @@ const std::vector<int64_t>& TensorParallel::counts(int64_t n) {
 }
 
 void TensorParallel::all_reduce(float* x, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   data_.all_reduce(x, n);
 }
 
 void TensorParallel::all_reduce_max(float* x, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   data_.all_reduce(x, n, dist::ReduceOp::max);
 }
 
 void TensorParallel::all_reduce_f64(double* x, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   tp_.all_reduce(x, n);
 }
 
 void TensorParallel::all_gather(const float* in, float* out, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   if (mem_.host())
     std::memcpy(out + tp_.rank() * n, in, bytes);
@@ -74,7 +68,7 @@ void TensorParallel::all_gather(const float* in, float* out, int64_t n) {
 }
 
 void TensorParallel::reduce_scatter(const float* in, float* out, int64_t n) {
-  Timed t{seconds_};
+  cpu::ScopedSeconds t{seconds_};
   data_.reduce_scatter(in, out, counts(n));
 }
 
