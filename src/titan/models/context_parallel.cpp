@@ -12,6 +12,24 @@ namespace {
 void copy_rows(const float* from, float* to, int64_t L, int64_t w) {
   std::memcpy(to, from, sizeof(float) * static_cast<size_t>(L * w));
 }
+
+// Moves the chunks of P ranks' rows between rank order [P, B, Sl, W] (what the collectives
+// exchange; Sl = 2·L tokens per rank and row) and global order [B, P·Sl, W]: ranks → global when
+// to_global, else global → ranks.
+void reorder_chunks(int P, int64_t B, int64_t Sl, int64_t W, float* ranks, float* global,
+                    bool to_global) {
+  const int64_t L = Sl / 2, S = Sl * P;
+  for (int r = 0; r < P; ++r)
+    for (int64_t b = 0; b < B; ++b)
+      for (int p = 0; p < 2; ++p) {
+        float* at_rank = ranks + ((r * B + b) * Sl + p * L) * W;
+        float* at_global = global + (b * S + CpSlice{r, P}.chunk(p) * L) * W;
+        if (to_global)
+          copy_rows(at_rank, at_global, L, W);
+        else
+          copy_rows(at_global, at_rank, L, W);
+      }
+}
 }  // namespace
 
 void ContextAttention::segments(const ops::Backend& be, const int32_t* positions, int64_t B,
@@ -45,8 +63,7 @@ void ContextAttention::size_workspace(const ops::Backend& be, const ops::AttnSha
 }
 
 void ContextAttention::gather_kv(const ops::AttnShape& s, const float* k, const float* v) {
-  const int64_t P = slice_.size, Sl = s.S, L = Sl / 2, S = Sl * P, T = s.B * Sl;
-  const int64_t KV = s.Hkv * s.d, W = 2 * KV;
+  const int64_t P = slice_.size, T = s.B * s.S, KV = s.Hkv * s.d, W = 2 * KV;
   local_.resize(static_cast<size_t>(T * W));
   for (int64_t t = 0; t < T; ++t) {
     copy_rows(k + t * s.ldk, local_.data() + t * W, 1, KV);
@@ -54,14 +71,8 @@ void ContextAttention::gather_kv(const ops::AttnShape& s, const float* k, const 
   }
   ranks_.resize(static_cast<size_t>(P * T * W));
   hooks_->all_gather(local_.data(), ranks_.data(), T * W);
-  kv_.resize(static_cast<size_t>(s.B * S * W));
-  for (int r = 0; r < P; ++r)
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int p = 0; p < 2; ++p) {
-        const int64_t c = CpSlice{r, static_cast<int>(P)}.chunk(p);
-        copy_rows(ranks_.data() + ((r * s.B + b) * Sl + p * L) * W,
-                  kv_.data() + (b * S + c * L) * W, L, W);
-      }
+  kv_.resize(static_cast<size_t>(P * T * W));
+  reorder_chunks(slice_.size, s.B, s.S, W, ranks_.data(), kv_.data(), /*to_global=*/true);
 }
 
 void ContextAttention::forward(const ops::Backend& be, const ops::AttnShape& s, const float* q,
@@ -120,13 +131,7 @@ void ContextAttention::backward(const ops::Backend& be, const ops::AttnShape& s,
                        seg_start + t0, dq + t0 * ldo, dkv, dkv + KV, delta_.data(), ws_.data());
     }
   // Every rank's rows of the sums back in rank order, then summed over the group to their owner.
-  for (int r = 0; r < P; ++r)
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int p = 0; p < 2; ++p) {
-        const int64_t c = CpSlice{r, static_cast<int>(P)}.chunk(p);
-        copy_rows(dkv_.data() + (b * S + c * L) * W,
-                  ranks_.data() + ((r * s.B + b) * Sl + p * L) * W, L, W);
-      }
+  reorder_chunks(slice_.size, s.B, Sl, W, ranks_.data(), dkv_.data(), /*to_global=*/false);
   hooks_->reduce_scatter(ranks_.data(), local_.data(), T * W);
   for (int64_t t = 0; t < T; ++t) {
     copy_rows(local_.data() + t * W, dk + t * s.ldk, 1, KV);
